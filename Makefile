@@ -1,0 +1,33 @@
+# The two commands a newcomer needs (see README.md):
+#   make run   - create .venv if missing, install, train on the bundled digits data
+#   make test  - create .venv if missing, install, run the whole test suite (what CI runs)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test bench docs serve-docs typecheck
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m experiments.train $(ARGS)
+
+test: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m pytest -q robustagg attacks tests
+	$(PY) -m mypy robustagg attacks
+	$(PY) -m mkdocs build --strict -q
+
+bench: $(STAMP)
+	$(PY) -m experiments.bench $(ARGS)
+
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
+serve-docs: $(STAMP)
+	$(PY) -m mkdocs serve

@@ -1,0 +1,10 @@
+"""Robust aggregation rules: one class per rule over :mod:`robustagg.functional`."""
+
+from .base import Aggregator
+from .coordinate import CoordinateWiseMedian, CoordinateWiseTrimmedMean, Mean, MeaMed
+from .geometric import CenteredClipping, GeometricMedian
+from .krum import Bulyan, Krum, MultiKrum
+from .mda import MinimumDiameterAveraging
+
+__all__ = ["Aggregator", "Mean", "CoordinateWiseMedian", "CoordinateWiseTrimmedMean", "MeaMed", "Krum",
+           "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "MinimumDiameterAveraging"]

@@ -1,0 +1,214 @@
+"""Pairwise squared distances and the distance-based kernels: Krum, Multi-Krum, Bulyan, NNM, MDA.
+
+Distances use the Gram identity ``||a - b||^2 = <a,a> + <b,b> - 2<a,b>`` on rows **centred on a
+robust row** and accumulated in float64, so that near-identical rows of large norm keep their
+precision and a huge but finite Byzantine row (1e20 in float32) neither overflows nor drags the
+honest rows' precision away. The centre is the row whose distance to the mean is the (lower) median
+of those distances: with f < n/2 outliers it lies among the bulk of the rows.
+Pairs whose float64 result is not finite (inputs beyond ~1e154) are recomputed directly with scaling.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+__all__ = ["robust_center_row", "centered_gram", "pairwise_sq_distances", "krum_scores", "krum",
+           "multi_krum", "bulyan_select", "bulyan", "nnm", "nnm_weights", "mda"]
+
+#: Columns per chunk when casting to float64 for the Gram accumulation.
+_GRAM_CHUNK_ELEMENTS = 1 << 20
+
+
+def robust_center_row(x: torch.Tensor) -> int:
+    """Index of the row whose squared distance to the row mean is the lower median of all of them."""
+    n = x.shape[0]
+    if n <= 2:
+        return 0
+    mu = x.mean(dim=0, dtype=torch.float64)
+    r = torch.nan_to_num(_row_sq_dist_to(x, mu), nan=math.inf)
+    return int(torch.sort(r, stable=True).indices[(n - 1) // 2])
+
+
+def _row_sq_dist_to(x: torch.Tensor, point64: torch.Tensor) -> torch.Tensor:
+    n, d = x.shape
+    acc = torch.zeros(n, dtype=torch.float64, device=x.device)
+    chunk = max(1, _GRAM_CHUNK_ELEMENTS // n)
+    for s in range(0, d, chunk):
+        block = x[:, s:s + chunk].double() - point64[s:s + chunk]
+        acc += block.pow_(2).sum(dim=1)
+    return acc
+
+
+def centered_gram(x: torch.Tensor, center: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """Float64 Gram matrix ``G[i, j] = <a_i - c, a_j - c>`` computed by column chunks.
+
+    Args:
+        x: ``(n, d)`` rows.
+        center: ``(d,)`` the centre ``c``.
+        extra: optional ``(k, d)`` rows appended after ``x`` (without copying ``x``).
+
+    Returns:
+        ``(n + k, n + k)`` float64 Gram matrix of the (augmented) rows centred on ``c``.
+    """
+    n, d = x.shape
+    m = n + (0 if extra is None else extra.shape[0])
+    g = torch.zeros(m, m, dtype=torch.float64, device=x.device)
+    c64 = center.to(torch.float64)
+    chunk = max(1, _GRAM_CHUNK_ELEMENTS // m)
+    for s in range(0, d, chunk):
+        block = x[:, s:s + chunk] if extra is None else torch.cat([x[:, s:s + chunk], extra[:, s:s + chunk]])
+        block = block.double() - c64[s:s + chunk]
+        g.addmm_(block, block.T)
+    return g
+
+
+def _gram_to_sq_dist(g: torch.Tensor) -> torch.Tensor:
+    sq = torch.diagonal(g)
+    dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_(min=0.0)
+    dist.fill_diagonal_(0.0)
+    return dist
+
+
+def pairwise_sq_distances(x: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean distances between rows: ``(n, d) -> (n, n)`` float64, zero diagonal.
+
+    Exact to float64 rounding relative to the distances themselves for near-identical rows; finite
+    for any finite input (``inf`` only where the true value exceeds float64's range).
+    """
+    c = x[robust_center_row(x)]
+    dist = _gram_to_sq_dist(centered_gram(x, c))
+    bad = (~torch.isfinite(dist)).nonzero().tolist()
+    for i, j in bad:
+        if i < j:
+            diff = x[i].double() - x[j].double()
+            scale = diff.abs().max()
+            val = (scale * scale * ((diff / scale) ** 2).sum()) if scale > 0 else diff.new_zeros(())
+            dist[i, j] = dist[j, i] = torch.nan_to_num(val, nan=math.inf)
+    return dist
+
+
+def krum_scores(dist: torch.Tensor, f: int, candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """Krum scores from a squared-distance matrix.
+
+    ``score(i) = sum of the n' - f - 2 smallest dist[i, j]`` over the other candidates ``j != i``
+    (self excluded by index, so duplicates count as neighbours); ``n'`` is the number of candidates.
+    A neighbour count below zero is clamped to zero (scores all 0; only under ``strict=False``).
+
+    Args:
+        dist: ``(n, n)`` float64 squared distances.
+        f: declared Byzantine bound.
+        candidates: optional 1-D long tensor of row indices to score among (default all rows).
+
+    Returns:
+        ``(n',)`` float64 scores, in the order of ``candidates``.
+    """
+    idx = torch.arange(dist.shape[0], device=dist.device) if candidates is None else candidates
+    m = idx.numel()
+    k = max(m - f - 2, 0)
+    sub = dist[idx][:, idx].clone()
+    sub.fill_diagonal_(math.inf)
+    if k == 0:
+        return torch.zeros(m, dtype=dist.dtype, device=dist.device)
+    return torch.sort(sub, dim=1).values[:, :k].sum(dim=1)
+
+
+def krum(x: torch.Tensor, f: int, dist: torch.Tensor | None = None) -> torch.Tensor:
+    """Krum (Blanchard et al., NeurIPS 2017): the row with the lowest Krum score (lowest index on ties).
+
+    Shape ``(n, d) -> (d,)``; a copy, never a view.
+    """
+    dist = pairwise_sq_distances(x) if dist is None else dist
+    return x[int(torch.argmin(krum_scores(dist, f)))].clone()
+
+
+def multi_krum(x: torch.Tensor, f: int, m: int | None = None, dist: torch.Tensor | None = None) -> torch.Tensor:
+    """Multi-Krum: the mean of the ``m`` rows with the lowest Krum scores (default ``m = n - f``)."""
+    n = x.shape[0]
+    m = n - f if m is None else m
+    dist = pairwise_sq_distances(x) if dist is None else dist
+    chosen = torch.sort(krum_scores(dist, f), stable=True).indices[:m]
+    return x[chosen.to(x.device)].mean(dim=0)
+
+
+def bulyan_select(dist: torch.Tensor, f: int, theta: int) -> torch.Tensor:
+    """Iterated Krum: indices of the ``theta`` rows Bulyan selects, in selection order.
+
+    Each round scores the remaining set R with ``|R| - f - 2`` neighbours, takes the lowest score
+    (lowest original index on ties) and removes it. One distance matrix serves every round.
+    """
+    remaining = torch.arange(dist.shape[0], device=dist.device)
+    chosen = []
+    for _ in range(theta):
+        scores = krum_scores(dist, f, remaining)
+        j = int(torch.argmin(scores))
+        chosen.append(int(remaining[j]))
+        remaining = torch.cat([remaining[:j], remaining[j + 1:]])
+    return torch.tensor(chosen, dtype=torch.long)
+
+
+def bulyan(x: torch.Tensor, f: int, dist: torch.Tensor | None = None) -> torch.Tensor:
+    """Bulyan (El Mhamdi, Guerraoui, Rouault, ICML 2018).
+
+    ``theta = n - 2f`` rows chosen by iterated Krum, then per coordinate the mean of the
+    ``beta = theta - 2f`` selected values closest to their median (MeaMed with ``theta - beta = 2f``
+    dropped). Shape ``(n, d) -> (d,)``.
+    """
+    from .coordinate import meamed
+
+    n = x.shape[0]
+    theta = n - 2 * f
+    dist = pairwise_sq_distances(x) if dist is None else dist
+    sel = bulyan_select(dist, f, theta).to(x.device)
+    return meamed(x[sel], 2 * f)
+
+
+def nnm_weights(dist: torch.Tensor, f: int) -> torch.Tensor:
+    """Row-stochastic ``(n, n)`` float64 matrix W of Nearest Neighbour Mixing.
+
+    Row i averages the ``n - f`` nearest rows of x_i **including itself** (self first by index, then
+    the nearest others, lowest index on ties).
+    """
+    n = dist.shape[0]
+    k = n - f
+    d = dist.clone()
+    d.fill_diagonal_(-1.0)
+    nbrs = torch.sort(d, dim=1, stable=True).indices[:, :k]
+    w = torch.zeros_like(dist)
+    w.scatter_(1, nbrs, 1.0 / k)
+    return w
+
+
+def nnm(x: torch.Tensor, f: int, dist: torch.Tensor | None = None) -> torch.Tensor:
+    """Nearest Neighbour Mixing (Allouah et al., AISTATS 2023): ``(n, d) -> (n, d)``."""
+    dist = pairwise_sq_distances(x) if dist is None else dist
+    w = nnm_weights(dist, f).to(dtype=x.dtype, device=x.device)
+    return w @ x
+
+
+def mda(x: torch.Tensor, f: int, max_subsets: int, dist: torch.Tensor | None = None) -> torch.Tensor:
+    """Minimum-Diameter Averaging (El Mhamdi et al. 2020): mean of the ``n - f`` rows of smallest diameter.
+
+    Subsets are enumerated in lexicographic order; the first with the smallest diameter wins.
+    Cost ``C(n, f)`` subsets; the class refuses more than ``max_subsets``.
+    """
+    n = x.shape[0]
+    k = n - f
+    dist = pairwise_sq_distances(x) if dist is None else dist
+    best, best_diam = None, math.inf
+    combos = itertools.combinations(range(n), k)
+    while True:
+        batch = list(itertools.islice(combos, 4096))
+        if not batch:
+            break
+        idx = torch.tensor(batch, dtype=torch.long)
+        sub = dist[idx[:, :, None], idx[:, None, :]]
+        diam = sub.flatten(1).max(dim=1).values
+        j = int(torch.argmin(diam))
+        if float(diam[j]) < best_diam:
+            best_diam, best = float(diam[j]), batch[j]
+    if best is None:
+        best = tuple(range(k))
+    return x[torch.tensor(best, dtype=torch.long, device=x.device)].mean(dim=0)

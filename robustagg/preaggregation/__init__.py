@@ -1,0 +1,7 @@
+"""Pre-aggregation maps ``(n, d) -> (m, d)`` and their composition with a rule."""
+
+from .base import PreAggregator
+from .maps import ARC, NNM, Bucketing, Clipping
+from .pipeline import Pipeline, build_pipeline
+
+__all__ = ["PreAggregator", "NNM", "Bucketing", "Clipping", "ARC", "Pipeline", "build_pipeline"]

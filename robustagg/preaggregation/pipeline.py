@@ -1,0 +1,137 @@
+"""Composition of pre-aggregation maps with a final rule."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Sequence
+
+import torch
+
+from ..aggregators.base import Aggregator
+from ..errors import ConfigError
+from ..registry import lookup
+from ..requirements import Requirement, enforce
+from .base import PreAggregator
+
+__all__ = ["Pipeline", "build_pipeline"]
+
+
+class Pipeline(Aggregator):
+    r"""A rule applied after pre-aggregation maps: ``rule(pre_k(...pre_1(X)))``.
+
+    Requirement: every stage's own, each checked on the number of rows **that stage sees** with its
+    own ``f`` (e.g. Bucketing(s) then Krum checks ``ceil(n/s) >= 2f + 3``).
+
+    Args:
+        pre: pre-aggregation maps, applied in order.
+        rule: the final :class:`~robustagg.Aggregator`.
+
+    Shape: ``(n, d) -> (d,)``.
+
+    Raises:
+        AssumptionError: any stage's requirement fails (all violations listed) and ``rule.strict``.
+        ShapeError, NonFiniteInputError: see :class:`Aggregator`.
+        ConfigError: ``pre`` holds something that is not a :class:`PreAggregator`, or ``rule`` is
+            not an :class:`Aggregator`.
+
+    Example:
+        >>> import torch, robustagg as ra
+        >>> x = torch.tensor([[0.0], [1.0], [3.0], [10.0], [2.0]])
+        >>> ra.Pipeline(pre=[ra.NNM(f=1)], rule=ra.CoordinateWiseTrimmedMean(f=1))(x)
+        tensor([1.5000])
+    """
+
+    display_name = "Pipeline"
+
+    def __init__(self, *, pre: Sequence[PreAggregator], rule: Aggregator) -> None:
+        if not isinstance(rule, Aggregator):
+            raise ConfigError(f"Pipeline: rule must be a robustagg Aggregator; got {rule!r}.")
+        bad = [p for p in pre if not isinstance(p, PreAggregator)]
+        if bad:
+            raise ConfigError(f"Pipeline: pre must hold pre-aggregation maps (nnm, bucketing, clipping, arc); "
+                              f"got {bad!r}.")
+        super().__init__(f=rule.f, strict=rule.strict)
+        self.pre = list(pre)
+        self.rule = rule
+        self.translation_equivariant = rule.translation_equivariant and all(  # type: ignore[misc]
+            p.name in ("nnm",) for p in self.pre)
+        self.coordinatewise = False  # type: ignore[misc]
+        self.name = ">".join([p.name for p in self.pre] + [rule.name])  # type: ignore[misc]
+
+    def stages(self, n: int) -> list[tuple[Requirement, int, int]]:
+        """``(requirement, rows seen, f)`` for every stage with a requirement, given ``n`` inputs."""
+        out = []
+        for p in self.pre:
+            if p.requirement is not None:
+                out.append((p.requirement, n, p.f))
+            n = p.output_rows(n)
+        out.append((self.rule.requirement, n, self.rule.f))
+        return out
+
+    @property
+    def requirement(self) -> Requirement:
+        parts = [f"{r.rule}: {r.inequality}" for r, _, _ in self.stages(0)]
+        return Requirement(" then ".join(p.display_name for p in self.pre + [self.rule]),  # type: ignore[operator]
+                           "; ".join(parts), lambda n, f: not [1 for r, m, g in self.stages(n) if not r.holds(m, g)])
+
+    def violations(self, n: int) -> list[str]:
+        return [msg for r, m, g in self.stages(n) for msg in r.check(m, g)]
+
+    def check(self, n: int) -> list[str]:
+        self.last_violations = enforce(self.stages(n), strict=self.strict)
+        return self.last_violations
+
+    def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
+        for p in self.pre:
+            x = p.apply(x)
+        return self.rule._aggregate(x)
+
+    def state_dict(self) -> dict[str, Any]:
+        """States of every stage: ``{"rule": name, "stages": [...]}``."""
+        return {"rule": self.name, "stages": [s.state_dict() for s in self.pre + [self.rule]]}  # type: ignore[operator]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for stage, st in zip(self.pre + [self.rule], state["stages"]):  # type: ignore[operator]
+            stage.load_state_dict(st)
+
+    def reset(self) -> None:
+        self.rule.reset()
+
+    def __repr__(self) -> str:
+        return f"Pipeline(pre={self.pre!r}, rule={self.rule!r})"
+
+
+def _build(name: str, params: dict[str, Any], f: int | None, strict: bool | None) -> Any:
+    cls = lookup(name)
+    sig = inspect.signature(cls)
+    kw = dict(params)
+    if f is not None and "f" in sig.parameters:
+        kw["f"] = f
+    if strict is not None and "strict" in sig.parameters:
+        kw["strict"] = strict
+    try:
+        return cls(**kw)
+    except TypeError as exc:
+        raise ConfigError(f"{name}: {exc}. See help(robustagg.{cls.__name__}).") from None
+
+
+def build_pipeline(spec: str, *, f: int | None = None, strict: bool | None = None,
+                   pre_params: Sequence[dict[str, Any]] | None = None, **rule_params: Any) -> Aggregator:
+    """Build ``"nnm>trimmed_mean"``-style specs: maps separated by ``>``, the rule last.
+
+    ``f`` and ``strict`` go to every stage that takes them; ``pre_params[i]`` to the i-th map;
+    other keywords to the rule. A spec without ``>`` builds the rule alone.
+
+    Raises:
+        ConfigError: unknown names, a map in the last position, a rule before it, or bad params.
+    """
+    names = [s.strip() for s in spec.split(">")]
+    pre_params = list(pre_params or [{}] * (len(names) - 1))
+    if len(pre_params) != len(names) - 1:
+        raise ConfigError(f"{spec}: pre_params needs one dict per pre-aggregation map ({len(names) - 1}).")
+    pre = [_build(nm, p, f, strict) for nm, p in zip(names[:-1], pre_params)]
+    rule = _build(names[-1], rule_params, f, strict)
+    if any(not isinstance(p, PreAggregator) for p in pre) or not isinstance(rule, Aggregator):
+        raise ConfigError(f"{spec}: expected pre-aggregation maps then one rule, e.g. 'nnm>trimmed_mean'.")
+    return Pipeline(pre=pre, rule=rule) if pre else rule
