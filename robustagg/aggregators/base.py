@@ -101,6 +101,28 @@ class Aggregator(abc.ABC):
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
         """The math on a validated, finite ``(n, d)`` tensor."""
 
+    def weights(self, x: Submissions) -> torch.Tensor:
+        """Share of every row in the aggregate that ``rule(x)`` would return now.
+
+        Selection rules: the selection weight (``1/m`` on the m selected rows). Coordinate-wise
+        rules: the average over coordinates of the weight the row's value gets (ties by stable
+        order). Weighted rules (GM, centered clipping): the final convex coefficient. Used for the
+        suppression metrics (``agg/honest_weight/i``, ``agg/byz_accepted``); for stateful rules call
+        it *before* ``rule(x)``. No requirement check and no state change.
+
+        Shape: ``(n, d) -> (n,)`` float64 on the input's device.
+
+        Raises:
+            ShapeError, NonFiniteInputError: as for a call.
+        """
+        x = as_matrix(x)
+        check_finite(x)
+        return self._weights(x)
+
+    @abc.abstractmethod
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        """Row shares on a validated, finite ``(n, d)`` tensor."""
+
     # --- state (only stateful rules override) ---------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The rule's explicit state (empty for stateless rules), tagged with the rule's name."""

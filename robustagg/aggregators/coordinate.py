@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import functional as F
+from ..functional.weights import meamed_weights, order_statistic_weights
 from ..registry import register
 from ..requirements import Requirement, linear
 from .base import Aggregator
@@ -53,6 +54,9 @@ class Mean(Aggregator):
 
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
         return F.mean(x)
+
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full((x.shape[0],), 1.0 / x.shape[0], dtype=torch.float64, device=x.device)
 
 
 @register("coordinate_median")
@@ -103,6 +107,11 @@ class CoordinateWiseMedian(Aggregator):
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
         return F.coordinate_median(x)
 
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        lo, hi = (n - 1) // 2, n // 2
+        return order_statistic_weights(x, [lo] if lo == hi else [lo, hi], 1.0 if lo == hi else 0.5)
+
 
 @register("trimmed_mean")
 class CoordinateWiseTrimmedMean(Aggregator):
@@ -152,6 +161,12 @@ class CoordinateWiseTrimmedMean(Aggregator):
             return F.coordinate_median(x)
         return F.trimmed_mean(x, self.f)
 
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if 2 * self.f >= n:
+            return CoordinateWiseMedian()._weights(x)
+        return order_statistic_weights(x, list(range(self.f, n - self.f)), 1.0 / (n - 2 * self.f))
+
 
 @register("meamed")
 class MeaMed(Aggregator):
@@ -196,3 +211,6 @@ class MeaMed(Aggregator):
 
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
         return F.meamed(x, min(self.f, x.shape[0] - 1))
+
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        return meamed_weights(x, min(self.f, x.shape[0] - 1), F.coordinate_median(x))

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from .. import functional as F
+from ..functional.weiszfeld import centered_clipping_coefficients, geometric_median_coefficients
 from ..errors import ConfigError
 from ..registry import register
 from ..requirements import Requirement, linear
@@ -84,6 +85,10 @@ class GeometricMedian(Aggregator):
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
         return F.geometric_median(x, self.nu, self.max_iter, self.tol, self.init)
 
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        a, _ = geometric_median_coefficients(x, self.nu, self.max_iter, self.tol, self.init)
+        return a[:x.shape[0]]
+
     def _params(self) -> dict[str, Any]:
         return {"nu": self.nu, "max_iter": self.max_iter, "tol": self.tol, "init": self.init, "f": self.f}
 
@@ -141,14 +146,20 @@ class CenteredClipping(Aggregator):
         return linear("Centered clipping", 2, 1, self.paper, breakdown="analysed for f/n <= 0.1")
 
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.centered_clipping(x, self.tau, self.iterations, self._start(x))
+        self.center = out.clone()
+        return out
+
+    def _start(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[1]
         if self.center is not None and self.center.numel() != d:
             raise ConfigError(f"Centered clipping: stored centre has {self.center.numel()} entries but "
                               f"the submissions have d={d}; call reset() when the model changes.")
-        center = torch.zeros(d, dtype=x.dtype, device=x.device) if self.center is None else self.center
-        out = F.centered_clipping(x, self.tau, self.iterations, center)
-        self.center = out.clone()
-        return out
+        return torch.zeros(d, dtype=x.dtype, device=x.device) if self.center is None else self.center
+
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        a, _ = centered_clipping_coefficients(x, self.tau, self.iterations, self._start(x))
+        return a[:x.shape[0]]
 
     def state_dict(self) -> dict[str, Any]:
         """``{"rule": "centered_clipping", "center": (d,) tensor or None}``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import functional as F
+from ..functional.weights import meamed_weights, selection_weights
 from ..errors import ConfigError
 from ..registry import register
 from ..requirements import Requirement, linear
@@ -68,6 +69,9 @@ class Krum(Aggregator):
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
         return F.krum(x, self.f)
 
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        return selection_weights(x.shape[0], torch.argmin(self.scores(x)).reshape(1), x.device)
+
 
 @register("multi_krum")
 class MultiKrum(Aggregator):
@@ -122,6 +126,12 @@ class MultiKrum(Aggregator):
         m = max(1, n - self.f) if self.m is None else min(self.m, n)
         return F.multi_krum(x, self.f, m)
 
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        m = max(1, n - self.f) if self.m is None else min(self.m, n)
+        scores = F.krum_scores(F.pairwise_sq_distances(x), self.f)
+        return selection_weights(n, torch.sort(scores, stable=True).indices[:m], x.device)
+
     def _params(self) -> dict:
         return {"f": self.f, "m": self.m}
 
@@ -172,5 +182,16 @@ class Bulyan(Aggregator):
 
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
-        f = min(self.f, max((n - 1) // 4, 0))  # strict=False past the bound: shrink f so theta, beta >= 1
-        return F.bulyan(x, f)
+        return F.bulyan(x, self._effective_f(n))
+
+    def _effective_f(self, n: int) -> int:
+        return min(self.f, max((n - 1) // 4, 0))  # strict=False past the bound: shrink f so theta, beta >= 1
+
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        f = self._effective_f(n)
+        sel = F.bulyan_select(F.pairwise_sq_distances(x), f, n - 2 * f).to(x.device)
+        sub = x[sel]
+        w = torch.zeros(n, dtype=torch.float64, device=x.device)
+        w[sel] = meamed_weights(sub, 2 * f, F.coordinate_median(sub))
+        return w

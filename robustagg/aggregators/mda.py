@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .. import functional as F
+from ..functional.weights import selection_weights
 from ..errors import ConfigError
 from ..registry import register
 from ..requirements import Requirement, linear
@@ -57,14 +58,20 @@ class MinimumDiameterAveraging(Aggregator):
     def requirement(self) -> Requirement:
         return linear("MDA", 2, 1, self.paper, breakdown="1/2")
 
-    def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
+    def _select(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         f = min(self.f, n - 1)
         count = math.comb(n, f)
         if count > self.max_subsets:
             raise ConfigError(f"MDA: C(n={n}, f={f}) = {count} subsets exceeds max_subsets={self.max_subsets}; "
                               "raise max_subsets or use a polynomial rule (krum, nnm).")
-        return F.mda(x, f, self.max_subsets)
+        return F.mda_select(F.pairwise_sq_distances(x), f).to(x.device)
+
+    def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
+        return x[self._select(x)].mean(dim=0)
+
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        return selection_weights(x.shape[0], self._select(x), x.device)
 
     def _params(self) -> dict[str, Any]:
         return {"f": self.f, "max_subsets": self.max_subsets}

@@ -6,11 +6,11 @@ requirement before calling them.
 """
 
 from .coordinate import coordinate_median, mean, meamed, trimmed_mean
-from .distance import (bulyan, bulyan_select, krum, krum_scores, mda, multi_krum, nnm, nnm_weights,
+from .distance import (bulyan, bulyan_select, krum, krum_scores, mda, mda_select, multi_krum, nnm, nnm_weights,
                        pairwise_sq_distances)
-from .preagg import arc, bucketing, clipping
+from .preagg import arc, arc_factors, bucketing, clipping, clipping_factors
 from .weiszfeld import centered_clipping, geometric_median
 
 __all__ = ["mean", "coordinate_median", "trimmed_mean", "meamed", "krum", "krum_scores", "multi_krum",
-           "bulyan", "bulyan_select", "geometric_median", "centered_clipping", "mda", "nnm", "nnm_weights",
-           "pairwise_sq_distances", "bucketing", "clipping", "arc"]
+           "bulyan", "bulyan_select", "mda_select", "geometric_median", "centered_clipping", "mda", "nnm", "nnm_weights",
+           "pairwise_sq_distances", "bucketing", "clipping", "clipping_factors", "arc", "arc_factors"]

@@ -16,7 +16,7 @@ import math
 import torch
 
 __all__ = ["robust_center_row", "centered_gram", "pairwise_sq_distances", "krum_scores", "krum",
-           "multi_krum", "bulyan_select", "bulyan", "nnm", "nnm_weights", "mda"]
+           "multi_krum", "bulyan_select", "bulyan", "nnm", "nnm_weights", "mda", "mda_select"]
 
 #: Columns per chunk when casting to float64 for the Gram accumulation.
 _GRAM_CHUNK_ELEMENTS = 1 << 20
@@ -189,14 +189,19 @@ def nnm(x: torch.Tensor, f: int, dist: torch.Tensor | None = None) -> torch.Tens
 
 
 def mda(x: torch.Tensor, f: int, max_subsets: int, dist: torch.Tensor | None = None) -> torch.Tensor:
-    """Minimum-Diameter Averaging (El Mhamdi et al. 2020): mean of the ``n - f`` rows of smallest diameter.
+    """Minimum-Diameter Averaging (El Mhamdi et al. 2020): mean of the ``n - f`` rows of smallest diameter."""
+    dist = pairwise_sq_distances(x) if dist is None else dist
+    return x[mda_select(dist, f).to(x.device)].mean(dim=0)
+
+
+def mda_select(dist: torch.Tensor, f: int) -> torch.Tensor:
+    """Indices of the ``n - f`` rows of smallest diameter (MDA's selection) from squared distances.
 
     Subsets are enumerated in lexicographic order; the first with the smallest diameter wins.
     Cost ``C(n, f)`` subsets; the class refuses more than ``max_subsets``.
     """
-    n = x.shape[0]
+    n = dist.shape[0]
     k = n - f
-    dist = pairwise_sq_distances(x) if dist is None else dist
     best, best_diam = None, math.inf
     combos = itertools.combinations(range(n), k)
     while True:
@@ -211,4 +216,4 @@ def mda(x: torch.Tensor, f: int, max_subsets: int, dist: torch.Tensor | None = N
             best_diam, best = float(diam[j]), batch[j]
     if best is None:
         best = tuple(range(k))
-    return x[torch.tensor(best, dtype=torch.long, device=x.device)].mean(dim=0)
+    return torch.tensor(best, dtype=torch.long)

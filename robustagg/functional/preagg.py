@@ -6,7 +6,7 @@ import math
 
 import torch
 
-__all__ = ["bucketing", "clipping", "arc", "row_norms"]
+__all__ = ["bucketing", "clipping", "clipping_factors", "arc", "arc_factors", "row_norms"]
 
 
 def row_norms(x: torch.Tensor) -> torch.Tensor:
@@ -29,11 +29,30 @@ def _scale_rows(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return x * factor.to(x.dtype)[:, None]
 
 
+def clipping_factors(x: torch.Tensor, tau: float) -> torch.Tensor:
+    """Per-row factors ``min(1, tau / ||x_i||)`` of static clipping, float64 ``(n,)``."""
+    norms = row_norms(x)
+    return torch.where(norms > tau, tau / norms.clamp(min=torch.finfo(torch.float64).tiny), torch.ones_like(norms))
+
+
 def clipping(x: torch.Tensor, tau: float) -> torch.Tensor:
     """Static clipping: ``x_i * min(1, tau / ||x_i||)`` (zero rows stay zero). ``(n, d) -> (n, d)``."""
+    return _scale_rows(x, clipping_factors(x, tau))
+
+
+def arc_factors(x: torch.Tensor, f: int) -> torch.Tensor:
+    """Per-row scale factors of ARC, float64 ``(n,)`` (1 for rows left unchanged)."""
+    n = x.shape[0]
+    k = min(math.floor(2 * f * (n - f) / n), n - 1) if n else 0
     norms = row_norms(x)
-    factor = torch.where(norms > tau, tau / norms.clamp(min=torch.finfo(torch.float64).tiny), torch.ones_like(norms))
-    return _scale_rows(x, factor)
+    factor = torch.ones_like(norms)
+    if k <= 0:
+        return factor
+    order = torch.sort(norms, descending=True, stable=True).indices
+    threshold = norms[order[k]]
+    big = order[:k]
+    factor[big] = torch.where(norms[big] > threshold, threshold / norms[big], torch.ones_like(norms[big]))
+    return factor
 
 
 def arc(x: torch.Tensor, f: int) -> torch.Tensor:
@@ -42,14 +61,4 @@ def arc(x: torch.Tensor, f: int) -> torch.Tensor:
     With ``k = floor(2 (f/n) (n - f))``, the ``k`` rows of largest norm are scaled down to the norm
     of the ``(k+1)``-th largest; the other rows are unchanged.
     """
-    n = x.shape[0]
-    k = math.floor(2 * f * (n - f) / n) if n else 0
-    if k == 0:
-        return x.clone()
-    norms = row_norms(x)
-    order = torch.sort(norms, descending=True, stable=True).indices
-    threshold = norms[order[k]]
-    factor = torch.ones_like(norms)
-    big = order[:k]
-    factor[big] = torch.where(norms[big] > threshold, threshold / norms[big], torch.ones_like(norms[big]))
-    return _scale_rows(x, factor)
+    return _scale_rows(x, arc_factors(x, f))

@@ -15,7 +15,8 @@ import torch
 
 from .distance import centered_gram, robust_center_row
 
-__all__ = ["geometric_median", "centered_clipping", "weiszfeld_coefficients"]
+__all__ = ["geometric_median", "geometric_median_coefficients", "centered_clipping",
+           "centered_clipping_coefficients", "weiszfeld_coefficients"]
 
 
 def _sq_dist_to_combination(g: torch.Tensor, a: torch.Tensor, rows: int) -> torch.Tensor:
@@ -54,6 +55,25 @@ def weiszfeld_coefficients(g: torch.Tensor, n: int, a0: torch.Tensor, nu: float,
     return a, it
 
 
+def geometric_median_coefficients(x: torch.Tensor, nu: float = 1e-6, max_iter: int = 100, tol: float = 1e-6,
+                                  init: str = "mean") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Convex coefficients ``a`` with ``GM(x) = sum_j a_j r_j`` over the rows of ``x`` (then the start row).
+
+    Returns:
+        ``(a, extra)``: ``a`` float64 of length ``n`` (init "mean") or ``n + 1`` (init "zero", the
+        last entry weighs the zero start row ``extra``).
+    """
+    n, d = x.shape
+    extra = None if init == "mean" else torch.zeros(1, d, dtype=x.dtype, device=x.device)
+    g = centered_gram(x, x[robust_center_row(x)], extra)
+    a0 = torch.full((g.shape[0],), 1.0 / n, dtype=torch.float64, device=x.device)
+    if extra is not None:
+        a0.zero_()
+        a0[n] = 1.0
+    a, _ = weiszfeld_coefficients(g, n, a0, nu, max_iter, tol)
+    return a, extra
+
+
 def geometric_median(x: torch.Tensor, nu: float = 1e-6, max_iter: int = 100, tol: float = 1e-6,
                      init: str = "mean") -> torch.Tensor:
     """Geometric median ``argmin_z sum_i ||z - x_i||`` by smoothed Weiszfeld.
@@ -68,15 +88,25 @@ def geometric_median(x: torch.Tensor, nu: float = 1e-6, max_iter: int = 100, tol
     Returns:
         ``(d,)`` tensor, dtype and device of ``x``.
     """
-    n, d = x.shape
-    extra = None if init == "mean" else torch.zeros(1, d, dtype=x.dtype, device=x.device)
-    g = centered_gram(x, x[robust_center_row(x)], extra)
-    a0 = torch.full((g.shape[0],), 1.0 / n, dtype=torch.float64, device=x.device)
-    if extra is not None:
-        a0.zero_()
-        a0[n] = 1.0
-    a, _ = weiszfeld_coefficients(g, n, a0, nu, max_iter, tol)
+    a, extra = geometric_median_coefficients(x, nu, max_iter, tol, init)
     return _combine(x, a, extra)
+
+
+def centered_clipping_coefficients(x: torch.Tensor, tau: float, iterations: int,
+                                   center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Convex coefficients of centered clipping's output over ``[x_1..x_n, center]``: ``((n+1,), extra)``."""
+    n, d = x.shape
+    extra = center.to(dtype=x.dtype, device=x.device).reshape(1, d)
+    g = centered_gram(x, x[robust_center_row(x)], extra)
+    a = torch.zeros(n + 1, dtype=torch.float64, device=x.device)
+    a[n] = 1.0
+    for _ in range(iterations):
+        dist = _sq_dist_to_combination(g, a, n).sqrt()
+        clip = torch.where(dist > tau, tau / dist.clamp(min=torch.finfo(torch.float64).tiny), torch.ones_like(dist))
+        # v_new = (1 - sum(c)/n) v + sum_i (c_i / n) x_i : a convex combination, coefficients stay >= 0.
+        a = a * (1.0 - clip.sum() / n)
+        a[:n] += clip / n
+    return a, extra
 
 
 def centered_clipping(x: torch.Tensor, tau: float, iterations: int, center: torch.Tensor) -> torch.Tensor:
@@ -91,15 +121,5 @@ def centered_clipping(x: torch.Tensor, tau: float, iterations: int, center: torc
         iterations: L >= 1.
         center: ``(d,)`` starting point (the previous aggregate; zero at the first call).
     """
-    n, d = x.shape
-    extra = center.to(dtype=x.dtype, device=x.device).reshape(1, d)
-    g = centered_gram(x, x[robust_center_row(x)], extra)
-    a = torch.zeros(n + 1, dtype=torch.float64, device=x.device)
-    a[n] = 1.0
-    for _ in range(iterations):
-        dist = _sq_dist_to_combination(g, a, n).sqrt()
-        clip = torch.where(dist > tau, tau / dist.clamp(min=torch.finfo(torch.float64).tiny), torch.ones_like(dist))
-        # v_new = (1 - sum(c)/n) v + sum_i (c_i / n) x_i : a convex combination, coefficients stay >= 0.
-        a = a * (1.0 - clip.sum() / n)
-        a[:n] += clip / n
+    a, extra = centered_clipping_coefficients(x, tau, iterations, center)
     return _combine(x, a, extra)

@@ -58,6 +58,13 @@ class PreAggregator(abc.ABC):
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """The map on a validated finite ``(n, d)`` tensor (no checks)."""
 
+    @abc.abstractmethod
+    def mixing(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``(m, n)`` float64 matrix ``M`` with ``apply(x) == M @ x`` for this input (no state change).
+
+        Used to carry a rule's row shares back to the original rows (``Pipeline.weights``).
+        """
+
     def state_dict(self) -> dict[str, Any]:
         """Explicit state (empty unless the map keeps some), tagged with the map's name."""
         return {"rule": self.name}

@@ -56,6 +56,9 @@ class NNM(PreAggregator):
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         return F.nnm(x, min(self.f, x.shape[0] - 1))
 
+    def mixing(self, x: torch.Tensor) -> torch.Tensor:
+        return F.nnm_weights(F.pairwise_sq_distances(x), min(self.f, x.shape[0] - 1))
+
 
 @register("bucketing")
 class Bucketing(PreAggregator):
@@ -103,6 +106,17 @@ class Bucketing(PreAggregator):
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         return F.bucketing(x, self.s, self.generator)
 
+    def mixing(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        probe = torch.Generator().manual_seed(0)
+        probe.set_state(self.generator.get_state())  # same permutation as the next apply(), no state change
+        perm = torch.randperm(n, generator=probe)
+        m = torch.zeros(self.output_rows(n), n, dtype=torch.float64)
+        for b, start in enumerate(range(0, n, self.s)):
+            idx = perm[start:start + self.s]
+            m[b, idx] = 1.0 / idx.numel()
+        return m.to(x.device)
+
     def state_dict(self) -> dict[str, Any]:
         """``{"rule": "bucketing", "generator": ByteTensor}``: the permutation RNG state."""
         return {"rule": self.name, "generator": self.generator.get_state()}
@@ -146,6 +160,9 @@ class Clipping(PreAggregator):
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         return F.clipping(x, self.tau)
 
+    def mixing(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.diag(F.clipping_factors(x, self.tau))
+
     def __repr__(self) -> str:
         return f"Clipping(tau={self.tau})"
 
@@ -187,3 +204,6 @@ class ARC(PreAggregator):
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         return F.arc(x, self.f)
+
+    def mixing(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.diag(F.arc_factors(x, self.f))

@@ -86,6 +86,15 @@ class Pipeline(Aggregator):
             x = p.apply(x)
         return self.rule._aggregate(x)
 
+    def _weights(self, x: torch.Tensor) -> torch.Tensor:
+        # Shares of the rule over the mapped rows, carried back through each map's mixing matrix.
+        mix = torch.eye(x.shape[0], dtype=torch.float64, device=x.device)
+        for p in self.pre:
+            m = p.mixing(x)
+            x = m.to(x.dtype) @ x
+            mix = m @ mix
+        return self.rule._weights(x) @ mix
+
     def state_dict(self) -> dict[str, Any]:
         """States of every stage: ``{"rule": name, "stages": [...]}``."""
         return {"rule": self.name, "stages": [s.state_dict() for s in self.pre + [self.rule]]}  # type: ignore[operator]

@@ -1,0 +1,83 @@
+"""Integrity and suppression metrics of one aggregation step (see the design note metrics.md).
+
+The simulator knows which rows are honest, so every quantity is exact for the step's tensors.
+Notation: ``H`` honest rows, ``mu_H`` their mean, ``V(H) = (1/|H|) sum_{i in H} ||x_i - mu_H||^2``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ._tensor import as_matrix
+from .errors import ShapeError
+
+__all__ = ["step_metrics", "kappa_hat", "honest_variance"]
+
+
+def honest_variance(honest: torch.Tensor) -> float:
+    """``V(H) = (1/|H|) sum_i ||x_i - mean(H)||^2`` of ``honest`` ``(h, d)``, computed in float64."""
+    h64 = honest.double()
+    return float(((h64 - h64.mean(dim=0)) ** 2).sum(dim=1).mean())
+
+
+def kappa_hat(aggregate: torch.Tensor, honest: torch.Tensor) -> float:
+    """Empirical robustness coefficient ``||F(X) - mu_H||^2 / V(H)`` (Allouah et al., AISTATS 2023).
+
+    Returns 0 when the aggregate equals ``mu_H`` exactly and ``inf`` when ``V(H) = 0`` but it does not.
+    """
+    mu = honest.double().mean(dim=0)
+    err = float(((aggregate.double() - mu) ** 2).sum())
+    var = honest_variance(honest)
+    if err == 0.0:
+        return 0.0
+    return err / var if var > 0 else math.inf
+
+
+def step_metrics(aggregate: torch.Tensor, x: torch.Tensor, honest_mask: torch.Tensor,
+                 weights: Optional[torch.Tensor] = None) -> dict[str, float]:
+    """Per-step metrics of an aggregate against the honest mean.
+
+    Args:
+        aggregate: ``(d,)`` the rule's output F(X).
+        x: ``(n, d)`` every submission of the step (honest and Byzantine).
+        honest_mask: ``(n,)`` bool, True for honest rows (at least one).
+        weights: optional ``(n,)`` share of every row in the aggregate (``rule.weights(x)``).
+
+    Returns:
+        ``agg/kappa_hat``, ``agg/dev_norm`` (``||F - mu_H|| / ||mu_H||``), ``agg/cosine`` (of F and
+        mu_H), ``agg/retained`` (``<F, mu_H> / ||mu_H||^2``) and, with ``weights``,
+        ``agg/byz_accepted`` (Byzantine share of the total weight) and ``agg/honest_weight/<i>`` for
+        every honest row index i. Ratios with a zero denominator are ``nan``.
+
+    Raises:
+        ShapeError: mismatched shapes or no honest row.
+    """
+    x = as_matrix(x)
+    mask = torch.as_tensor(honest_mask, dtype=torch.bool).cpu()
+    if mask.shape != (x.shape[0],) or not bool(mask.any()):
+        raise ShapeError(f"honest_mask must be a (n,)={x.shape[0]} bool tensor with at least one True; "
+                         f"got shape {tuple(mask.shape)}.")
+    if aggregate.shape != (x.shape[1],):
+        raise ShapeError(f"aggregate must have shape ({x.shape[1]},); got {tuple(aggregate.shape)}.")
+    honest = x[mask.to(x.device)]
+    mu = honest.double().mean(dim=0)
+    agg = aggregate.double()
+    mu_norm = float(mu.norm())
+    agg_norm = float(agg.norm())
+    dev = float((agg - mu).norm())
+    out = {
+        "agg/kappa_hat": kappa_hat(aggregate, honest),
+        "agg/dev_norm": dev / mu_norm if mu_norm > 0 else math.nan,
+        "agg/cosine": float(agg @ mu) / (agg_norm * mu_norm) if agg_norm > 0 and mu_norm > 0 else math.nan,
+        "agg/retained": float(agg @ mu) / mu_norm**2 if mu_norm > 0 else math.nan,
+    }
+    if weights is not None:
+        w = weights.double().cpu()
+        total = float(w.sum())
+        out["agg/byz_accepted"] = float(w[~mask].sum()) / total if total > 0 else math.nan
+        for i in mask.nonzero().flatten().tolist():
+            out[f"agg/honest_weight/{i}"] = float(w[i])
+    return out
