@@ -24,13 +24,24 @@ def register(name: str) -> Callable[[T], T]:
     """
 
     def deco(cls: T) -> T:
-        if name in _REGISTRY:
+        if name in _REGISTRY and not _same_definition(_REGISTRY[name], cls):
             raise ValueError(f"robustagg registry already has {name!r} ({_REGISTRY[name].__qualname__}).")
         _REGISTRY[name] = cls
         cls.name = name  # type: ignore[attr-defined]
         return cls
 
     return deco
+
+
+def _same_definition(a: type, b: type) -> bool:
+    # The same class statement executed twice (a module imported under two names, as pytest's
+    # doctest collection can do) re-registers itself; a different class under a taken name is refused.
+    import inspect
+
+    try:
+        return a.__qualname__ == b.__qualname__ and inspect.getfile(a) == inspect.getfile(b)
+    except TypeError:
+        return False
 
 
 def available() -> list[str]:
