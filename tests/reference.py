@@ -1,0 +1,299 @@
+"""Slow, obviously-correct float64 reference implementations of every rule and map.
+
+Written independently of :mod:`robustagg.functional`: numpy float64, plain loops over rows and
+pairs, per-pair differences (never the Gram identity), full sorts, explicit tie-breaks by index.
+Each function follows the definitions in ``shared/design/conventions.md`` word for word and takes a
+``(n, d)`` array-like; the result is a float64 numpy array.
+
+Only the column-wise sorts are vectorised over ``d`` (``numpy.sort`` on whole columns), so that
+the references stay usable at ``d`` of a few hundred thousand.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Callable, Optional
+
+import numpy as np
+
+__all__ = ["as64", "mean", "coordinate_median", "trimmed_mean", "meamed", "sq_dist", "dist_matrix",
+           "krum_scores", "krum_index", "krum", "multi_krum", "bulyan_indices", "bulyan", "gm_objective",
+           "weiszfeld", "geometric_median", "centered_clipping", "mda", "nnm", "bucketing", "clipping", "arc",
+           "variance", "kappa_hat", "REFERENCES"]
+
+
+def as64(x) -> np.ndarray:
+    """The input as a float64 numpy array (torch tensors are converted value by value)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return np.array(x, dtype=np.float64)
+
+
+# --- coordinate-wise -------------------------------------------------------------------------
+def mean(x) -> np.ndarray:
+    """(1/n) sum_i x_i, summed row by row."""
+    x = as64(x)
+    total = np.zeros(x.shape[1])
+    for row in x:
+        total = total + row
+    return total / x.shape[0]
+
+
+def _median_of_sorted(s: np.ndarray) -> np.ndarray:
+    n = s.shape[0]
+    if n % 2 == 1:
+        return s[n // 2].copy()
+    return (s[n // 2 - 1] + s[n // 2]) / 2.0  # even n: average of the two middle values
+
+
+def coordinate_median(x, f: int = 0) -> np.ndarray:
+    """Per coordinate: full sort, middle value (even n: mean of the two middle values)."""
+    return _median_of_sorted(np.sort(as64(x), axis=0))
+
+
+def trimmed_mean(x, f: int) -> np.ndarray:
+    """Per coordinate: full sort, drop f smallest and f largest, average the n - 2f others."""
+    s = np.sort(as64(x), axis=0)
+    n = s.shape[0]
+    kept = s[f:n - f]
+    total = np.zeros(s.shape[1])
+    for row in kept:
+        total = total + row
+    return total / (n - 2 * f)
+
+
+def meamed(x, f: int) -> np.ndarray:
+    """Per coordinate: the mean of the n - f values closest to the median (lowest row index on ties)."""
+    x = as64(x)
+    n = x.shape[0]
+    med = coordinate_median(x)
+    dist = np.abs(x - med)
+    order = np.argsort(dist, axis=0, kind="stable")[:n - f]  # stable: equal distance -> lower row first
+    return np.take_along_axis(x, order, axis=0).sum(axis=0) / (n - f)
+
+
+# --- distances and Krum family -----------------------------------------------------------------
+def sq_dist(a: np.ndarray, b: np.ndarray) -> float:
+    """||a - b||^2 from the per-coordinate differences (rescaled only if the plain sum overflows)."""
+    diff = a - b
+    total = float(np.sum(diff * diff))
+    if math.isfinite(total):
+        return total
+    scale = float(np.max(np.abs(diff)))
+    return scale * scale * float(np.sum((diff / scale) ** 2))
+
+
+def dist_matrix(x) -> np.ndarray:
+    """(n, n) squared distances, one pair at a time."""
+    x = as64(x)
+    n = x.shape[0]
+    out = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1, n):
+            out[i, j] = out[j, i] = sq_dist(x[i], x[j])
+    return out
+
+
+def krum_scores(x, f: int, candidates: Optional[list[int]] = None, dist: Optional[np.ndarray] = None) -> list[float]:
+    """score(i) = sum of the |R| - f - 2 smallest squared distances to the other candidates (by index)."""
+    dist = dist_matrix(x) if dist is None else dist
+    cand = list(range(dist.shape[0])) if candidates is None else list(candidates)
+    k = max(len(cand) - f - 2, 0)
+    scores = []
+    for i in cand:
+        others = sorted(dist[i, j] for j in cand if j != i)  # self excluded by index, duplicates kept
+        scores.append(float(sum(others[:k])))
+    return scores
+
+
+def krum_index(x, f: int) -> int:
+    """Index of the lowest Krum score, lowest index on ties."""
+    scores = krum_scores(x, f)
+    return min(range(len(scores)), key=lambda i: (scores[i], i))
+
+
+def krum(x, f: int) -> np.ndarray:
+    """The row with the lowest Krum score."""
+    return as64(x)[krum_index(x, f)].copy()
+
+
+def multi_krum(x, f: int, m: Optional[int] = None) -> np.ndarray:
+    """Mean of the m rows with the lowest scores (default m = n - f; lowest index first on ties)."""
+    x64 = as64(x)
+    n = x64.shape[0]
+    m = n - f if m is None else m
+    scores = krum_scores(x64, f)
+    chosen = sorted(range(n), key=lambda i: (scores[i], i))[:m]
+    return mean(x64[chosen])
+
+
+def bulyan_indices(x, f: int) -> list[int]:
+    """theta = n - 2f rows by iterated Krum: score the remaining set, take the winner, remove it."""
+    x64 = as64(x)
+    dist = dist_matrix(x64)
+    remaining = list(range(x64.shape[0]))
+    chosen = []
+    for _ in range(x64.shape[0] - 2 * f):
+        scores = krum_scores(x64, f, remaining, dist)
+        j = min(range(len(remaining)), key=lambda t: (scores[t], remaining[t]))
+        chosen.append(remaining.pop(j))
+    return chosen
+
+
+def bulyan(x, f: int) -> np.ndarray:
+    """Iterated Krum, then per coordinate the mean of the beta = theta - 2f values closest to the median.
+
+    The selected rows are taken in selection order for the tie-break among values at equal
+    distance from the median (the order in which Bulyan's first phase hands them over).
+    """
+    x64 = as64(x)
+    sel = bulyan_indices(x64, f)
+    return meamed(x64[sel], 2 * f)
+
+
+# --- geometric median and centered clipping ----------------------------------------------------
+def gm_objective(x, z) -> float:
+    """sum_i ||z - x_i||."""
+    x64, z64 = as64(x), as64(z)
+    return float(sum(math.sqrt(sq_dist(row, z64)) for row in x64))
+
+
+def weiszfeld(x, nu: float = 1e-6, iterations: int = 100, init: str = "mean") -> np.ndarray:
+    """Exactly ``iterations`` smoothed Weiszfeld updates from the mean (or zero).
+
+    ``beta_i = 1 / max(nu, ||z - x_i||)``, ``z <- sum_i beta_i x_i / sum_i beta_i``.
+    """
+    x64 = as64(x)
+    z = mean(x64) if init == "mean" else np.zeros(x64.shape[1])
+    for _ in range(iterations):
+        z = _weiszfeld_step(x64, z, nu)
+    return z
+
+
+def geometric_median(x, nu: float = 1e-6, max_iter: int = 20_000, tol: float = 1e-14) -> np.ndarray:
+    """Smoothed Weiszfeld from the mean, run until the point stops moving (relative ``tol``)."""
+    x64 = as64(x)
+    z = mean(x64)
+    for _ in range(max_iter):
+        new = _weiszfeld_step(x64, z, nu)
+        step = math.sqrt(sq_dist(new, z))
+        z = new
+        if step <= tol * (1.0 + float(np.max(np.abs(z)))):
+            break
+    return z
+
+
+def _weiszfeld_step(x64: np.ndarray, z: np.ndarray, nu: float) -> np.ndarray:
+    beta = [1.0 / max(nu, math.sqrt(sq_dist(row, z))) for row in x64]
+    total = np.zeros(x64.shape[1])
+    for b, row in zip(beta, x64):
+        total = total + b * row
+    return total / sum(beta)
+
+
+def centered_clipping(x, tau: float, iterations: int, center) -> np.ndarray:
+    """v <- v + (1/n) sum_i clip_tau(x_i - v), L times; clip_tau(u) = u min(1, tau/||u||), 0 stays 0."""
+    x64 = as64(x)
+    v = as64(center).copy()
+    n = x64.shape[0]
+    for _ in range(iterations):
+        step = np.zeros_like(v)
+        for row in x64:
+            u = row - v
+            norm = math.sqrt(sq_dist(row, v))
+            step = step + (u * min(1.0, tau / norm) if norm > 0 else u)
+        v = v + step / n
+    return v
+
+
+def mda(x, f: int) -> np.ndarray:
+    """Mean of the n - f rows with the smallest diameter (lexicographically first subset on ties)."""
+    x64 = as64(x)
+    n = x64.shape[0]
+    dist = dist_matrix(x64)
+    best, best_diam = None, math.inf
+    for subset in itertools.combinations(range(n), n - f):
+        diam = max((dist[i, j] for i, j in itertools.combinations(subset, 2)), default=0.0)
+        if diam < best_diam:
+            best, best_diam = subset, diam
+    assert best is not None
+    return mean(x64[list(best)])
+
+
+# --- pre-aggregation maps ----------------------------------------------------------------------
+def nnm(x, f: int) -> np.ndarray:
+    """Each row -> mean of its n - f nearest rows including itself (self first, lowest index on ties)."""
+    x64 = as64(x)
+    n = x64.shape[0]
+    dist = dist_matrix(x64)
+    out = np.zeros_like(x64)
+    for i in range(n):
+        others = sorted((j for j in range(n) if j != i), key=lambda j: (dist[i, j], j))
+        nbrs = sorted([i] + others[:n - f - 1])  # summed in index order: equal sets give equal rows
+        out[i] = mean(x64[nbrs])
+    return out
+
+
+def bucketing(x, s: int, perm: list[int]) -> np.ndarray:
+    """Means of the buckets of s consecutive rows of ``x[perm]`` (the last bucket may be smaller)."""
+    x64 = as64(x)[list(perm)]
+    return np.stack([mean(x64[i:i + s]) for i in range(0, x64.shape[0], s)])
+
+
+def _norm(row: np.ndarray) -> float:
+    return math.sqrt(sq_dist(row, np.zeros_like(row)))
+
+
+def clipping(x, tau: float) -> np.ndarray:
+    """x_i * min(1, tau / ||x_i||) row by row (zero rows stay zero)."""
+    x64 = as64(x)
+    out = x64.copy()
+    for i, row in enumerate(x64):
+        norm = _norm(row)
+        if norm > tau:
+            out[i] = row * (tau / norm)
+    return out
+
+
+def arc(x, f: int) -> np.ndarray:
+    """k = floor(2 (f/n)(n - f)) largest-norm rows scaled to the norm of the (k+1)-th largest."""
+    x64 = as64(x)
+    n = x64.shape[0]
+    k = (2 * f * (n - f)) // n  # integer floor of 2 f (n - f) / n
+    out = x64.copy()
+    if k == 0:
+        return out
+    norms = [_norm(row) for row in x64]
+    order = sorted(range(n), key=lambda i: (-norms[i], i))
+    threshold = norms[order[k]]
+    for i in order[:k]:
+        if norms[i] > threshold:
+            out[i] = x64[i] * (threshold / norms[i])
+    return out
+
+
+# --- robustness coefficient ------------------------------------------------------------------
+def variance(h) -> float:
+    """V(S) = (1/|S|) sum_{i in S} ||x_i - mean_S||^2."""
+    h64 = as64(h)
+    mu = mean(h64)
+    return sum(sq_dist(row, mu) for row in h64) / h64.shape[0]
+
+
+def kappa_hat(output, honest) -> float:
+    """||F(X) - mean_H||^2 / V(H)."""
+    return sq_dist(as64(output), mean(honest)) / variance(honest)
+
+
+#: name -> reference ``(x, **params) -> (d,)`` for rules (maps are called directly).
+REFERENCES: dict[str, Callable[..., np.ndarray]] = {
+    "mean": lambda x, f=0: mean(x),
+    "coordinate_median": coordinate_median,
+    "trimmed_mean": trimmed_mean,
+    "meamed": meamed,
+    "krum": krum,
+    "multi_krum": multi_krum,
+    "bulyan": bulyan,
+    "mda": mda,
+}
