@@ -1,0 +1,1 @@
+"""Hydra applications: train, report, bench, bench_distributed (wires robustagg, attacks and data)."""

@@ -1,0 +1,145 @@
+"""Train a model with n workers, some Byzantine, aggregated by a robust rule: ``python -m experiments.train``.
+
+The default (``conf/config.yaml``): scikit-learn digits, 10 worker processes over gloo, 2 of them
+Byzantine running ALIE, coordinate-wise trimmed mean with f = 2. Common overrides::
+
+    python -m experiments.train aggregator=krum attack=sign_flip threat.n=12 threat.f=3
+    python -m experiments.train data.partition=dirichlet data.alpha=0.1 trainer.mode=simulated
+    python -m experiments.train preaggregation=nnm logger=wandb seed=3
+    torchrun --nproc-per-node 10 -m experiments.train hydra.run.dir=outputs/tr   # joins torchrun's group
+    python -m experiments.train -m aggregator=krum,trimmed_mean seed=0,1        # a sweep
+
+Under torchrun every rank composes the config; give them one ``hydra.run.dir`` (rank 0 writes the
+run files there). In a sweep, a configuration that breaks a requirement is skipped with the reason
+in its run directory's ``skipped.json``.
+
+Run files (in Hydra's run directory): ``metrics.jsonl`` (one record per step and per
+evaluation), ``summary.json``, ``model.safetensors``, ``config_resolved.yaml``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from robustagg.errors import RobustAggError
+from robustagg.training import atomic_write
+
+from . import config as _config  # noqa: F401  (registers the structured-config schema)
+from .config import Mode
+from .wiring import as_config, validate
+
+__all__ = ["train", "main"]
+
+log = logging.getLogger("experiments.train")
+
+
+def _out_dir(cfg: DictConfig, out_dir: Optional[str | os.PathLike[str]]) -> Path:
+    if out_dir is not None:
+        return Path(out_dir)
+    if cfg.get("out_dir"):
+        return Path(str(cfg.out_dir))
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # pragma: no cover - Hydra internals
+        pass
+    return Path("outputs") / time.strftime("train-%Y%m%d-%H%M%S")
+
+
+def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: bool = False) -> dict[str, Any]:
+    """Validate ``cfg``, run it (simulated, spawned processes, or under torchrun), return the summary.
+
+    Args:
+        cfg: the composed configuration (DictConfig or dict; merged into the schema).
+        out_dir: the run directory (default: ``cfg.out_dir``, Hydra's run directory, or
+            ``outputs/train-<time>``).
+        quiet: do not print the summary table.
+
+    Returns:
+        the summary (also written to ``summary.json``): final and best test accuracy, worst-class
+        accuracy, mean kappa-hat, Byzantine-accepted rate, steps, wall seconds, seconds per step,
+        and the run's setting. Under torchrun, ranks other than 0 return ``{}``.
+
+    Raises:
+        ConfigError, AssumptionError: a bad configuration, before any process starts.
+        WorkerFailedError: a worker process failed; the whole group was stopped.
+        RobustAggError: in simulated mode, what the step raised (desync, integrity, ...).
+    """
+    from robustagg.distributed import from_environment
+
+    from .runner import run_simulated, run_spawned, run_torchrun
+
+    typed = as_config(cfg)
+    import torch
+
+    torch.set_num_threads(int(typed.trainer.threads))  # the launcher does little; workers fork from it
+    out = _out_dir(typed, out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = validate(typed, out_dir=str(out))
+    for v in plan.violations:
+        log.warning("assumption: %s", v)
+    t0 = time.perf_counter()
+    env = from_environment()
+    mode = Mode(typed.trainer.mode)
+    if env is None or env.rank == 0:
+        text = OmegaConf.to_yaml(OmegaConf.create(plan.cfg))
+
+        def write(tmp: str) -> None:
+            Path(tmp).write_text(text)
+
+        atomic_write(out / "config_resolved.yaml", write)
+    if mode is Mode.processes and env is not None:
+        summary = run_torchrun(plan, env) or {}
+    else:
+        summary = run_simulated(plan) if mode is Mode.simulated else run_spawned(plan)
+    if summary:
+        summary["total_seconds"] = time.perf_counter() - t0
+        if not quiet:
+            from .sinks import print_summary
+
+            print_summary(summary, title=f"{plan.rule_name} vs {plan.attack_name} "
+                                         f"(n={plan.n}, f={plan.f}, {len(plan.byzantine_ranks)} Byzantine)")
+        log.info("summary: %s", {k: summary[k] for k in ("final_test_acc", "worst_class_acc", "mean_kappa_hat",
+                                                           "steps", "wall_seconds") if k in summary})
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    """Hydra entry point: ``train(cfg)``; a bad configuration exits with status 2 and one message.
+
+    In a multirun sweep, a configuration that breaks a requirement is skipped: its run directory
+    gets ``skipped.json`` with the reason, and the sweep goes on.
+    """
+    try:
+        summary = train(cfg)
+    except RobustAggError as exc:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        from robustagg.distributed import WorkerFailedError
+        from robustagg.training import write_json
+
+        if not isinstance(exc, WorkerFailedError) and HydraConfig.get().mode == RunMode.MULTIRUN:
+            out = Path(HydraConfig.get().runtime.output_dir)
+            write_json(out / "skipped.json", {"reason": str(exc), "type": type(exc).__name__})
+            log.warning("skipped: %s", exc)
+            return math.nan
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    return float(summary.get("final_test_acc", math.nan))
+
+
+if __name__ == "__main__":
+    main()

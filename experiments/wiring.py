@@ -1,0 +1,382 @@
+"""From a composed config to library objects: validation before launch, then rule, attack, data, model.
+
+:func:`validate` runs in the launching process and refuses a bad configuration with one clear
+message *before any worker process starts*: a misspelt key, an unknown rule or attack (the
+available ones are listed), the rule's requirement for this ``n`` and ``f``, more actual Byzantine
+workers than the declared ``f`` without ``strict=false``, an attack that cannot run in this
+setting, or a partition that leaves a worker without data. It returns a picklable :class:`Plan`
+that every worker turns into objects with the ``build_*`` functions.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+import robustagg as ra
+from robustagg.aggregators.base import Aggregator
+from robustagg.distributed import reduction_modes
+from robustagg.errors import AssumptionError, AssumptionWarning, ConfigError, RobustAggError
+from robustagg.preaggregation.base import PreAggregator
+from robustagg.training import ByzantineBehaviour
+
+from .config import Mode, TrainConfig
+from .data import DataBundle, build_data
+from .models import build_model
+
+__all__ = ["Plan", "as_config", "validate", "build_rule", "build_attack", "build_byzantine", "build_model_and_optimizer",
+           "AttackAdapter", "rule_names"]
+
+
+def rule_names() -> list[str]:
+    """Registered names of the final rules (pre-aggregation maps excluded)."""
+    return [n for n in ra.available() if issubclass(ra.lookup(n), Aggregator) and n != "pipeline"]
+
+
+def _attack_names() -> list[str]:
+    import attacks
+
+    return list(attacks.available())
+
+
+def as_config(cfg: Any) -> DictConfig:
+    """Merge ``cfg`` (a DictConfig or dict) into the typed schema, so misspelt keys fail here.
+
+    Raises:
+        ConfigError: unknown key, wrong type, or a missing required value.
+    """
+    try:
+        base = OmegaConf.structured(TrainConfig)
+        merged = OmegaConf.merge(base, cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg))
+        OmegaConf.resolve(merged)
+        return merged  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid configuration: {exc}".replace("\n", " ").strip()) from None
+
+
+def _resolve_target(node: Any, *, what: str, base: type, names: list[str], prefix: str) -> tuple[type, dict[str, Any]]:
+    params = dict(node)
+    target = params.pop("_target_", None)
+    params.pop("_partial_", None)
+    params.pop("_convert_", None)
+    if not isinstance(target, str) or not target:
+        raise ConfigError(f"{what} needs a _target_ (the class to build); available: {', '.join(names)}.")
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(target)
+    except Exception:
+        cls = None
+    if cls is None or not (inspect.isclass(cls) and issubclass(cls, base)):
+        raise ConfigError(f"unknown {what} {target!r}; available: {', '.join(names)} (choose with {prefix}=NAME).")
+    sig = inspect.signature(cls)
+    takes = [p for p in sig.parameters if p not in ("self", "args", "kwargs")]
+    unknown = [k for k in params if k not in takes]
+    if unknown:
+        raise ConfigError(f"{what} {cls.__name__} does not take {', '.join(repr(k) for k in unknown)}; "
+                          f"its parameters are {', '.join(takes) or '(none)'}.")
+    return cls, params
+
+
+def build_rule(cfg: DictConfig) -> Aggregator:
+    """The configured rule, composed with the pre-aggregation map if any (a Pipeline).
+
+    Bucketing's permutation generator is seeded from ``cfg.seed`` (the same on every rank).
+
+    Raises:
+        ConfigError: unknown class or parameter, or a bad value.
+    """
+    names = rule_names()
+    cls, params = _resolve_target(cfg.aggregator, what="aggregator", base=Aggregator, names=names, prefix="aggregator")
+    try:
+        rule = cls(**params)
+    except TypeError as exc:
+        raise ConfigError(f"aggregator {cls.__name__}: {exc}") from None
+    pre_node = cfg.get("preaggregation")
+    if pre_node is not None and pre_node.get("_target_") is not None:
+        maps = [n for n in ra.available() if issubclass(ra.lookup(n), PreAggregator)]
+        pcls, pparams = _resolve_target(pre_node, what="preaggregation", base=PreAggregator, names=maps + ["none"],
+                                        prefix="preaggregation")
+        pre = pcls(**pparams)
+        gen = getattr(pre, "generator", None)
+        if isinstance(gen, torch.Generator):
+            gen.manual_seed(int(cfg.seed))
+        rule = ra.Pipeline(pre=[pre], rule=rule)
+    return rule
+
+
+def build_attack(cfg: DictConfig) -> Any:
+    """The configured attack object, or ``None`` for ``attack=none``.
+
+    Raises:
+        ConfigError: unknown class or parameter.
+    """
+    node = cfg.get("attack")
+    if node is None or node.get("_target_") is None:
+        return None
+    import attacks
+
+    cls, params = _resolve_target(node, what="attack", base=attacks.Attack, names=["none"] + _attack_names(),
+                                  prefix="attack")
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise ConfigError(f"attack {cls.__name__}: {exc}") from None
+
+
+class AttackAdapter:
+    """Adapts an ``attacks`` object to the trainer's :class:`~robustagg.training.GradientAttack`.
+
+    Rule-aware attacks receive a deep copy of the defender's current rule each step (searching with
+    it must not advance the rule's own state, e.g. centered clipping's centre).
+    """
+
+    def __init__(self, attack: Any, rule: Aggregator) -> None:
+        self.attack = attack
+        self.rule = rule
+        self.knowledge = str(getattr(attack.knowledge, "value", attack.knowledge))
+        self.rule_aware = self.knowledge == "honest+rule"
+
+    def __call__(self, honest: torch.Tensor, num_byzantine: int, own: Optional[torch.Tensor],
+                 generator: torch.Generator) -> torch.Tensor:
+        rule = copy.deepcopy(self.rule) if self.rule_aware else None
+        return self.attack(honest, num_byzantine, own=own, rule=rule, generator=generator)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.attack.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.attack.load_state_dict(state)
+
+
+@dataclass
+class Plan:
+    """A validated run, picklable, handed to every worker process.
+
+    Attributes:
+        cfg: the resolved configuration as plain containers.
+        n, f: workers and declared bound. byzantine_ranks: ranks that attack (empty with no attack).
+        rule_name, attack_name, attack_kind: for logs and the summary.
+        violations: requirement violations accepted under ``strict=false``, and advisory ones
+            (the mean declared with ``f >= 1`` runs as the baseline).
+        assumption_violated: the run breaks a (non-advisory) requirement or fields more Byzantine
+            workers than ``f``, on purpose (``strict=false``).
+        data: the partitioned data set. device, backend: where and how processes talk.
+        out_dir: the run directory.
+    """
+
+    cfg: dict[str, Any]
+    n: int
+    f: int
+    byzantine_ranks: tuple[int, ...]
+    rule_name: str
+    attack_name: str
+    attack_kind: Optional[str]
+    data: DataBundle
+    device: str
+    backend: str
+    out_dir: str
+    violations: list[str] = field(default_factory=list)
+    assumption_violated: bool = False
+
+    def config(self) -> DictConfig:
+        """:attr:`cfg` as a DictConfig."""
+        return OmegaConf.create(self.cfg)  # type: ignore[return-value]
+
+
+def _threat(cfg: DictConfig) -> tuple[int, int, int, tuple[int, ...], list[str]]:
+    t = cfg.threat
+    n, f, b = int(t.n), int(t.f), int(t.byzantine)
+    notes: list[str] = []
+    if n < 1:
+        raise ConfigError(f"threat.n must be >= 1 worker; got {n}.")
+    if f < 0 or b < 0:
+        raise ConfigError(f"threat.f and threat.byzantine must be >= 0; got f={f}, byzantine={b}.")
+    if b >= n:
+        raise ConfigError(f"threat.byzantine={b} leaves no honest worker among n={n}; lower it below n.")
+    ranks = tuple(range(n - b, n)) if t.ranks is None else tuple(int(r) for r in t.ranks)
+    if len(ranks) != b or len(set(ranks)) != b or any(not 0 <= r < n for r in ranks):
+        raise ConfigError(f"threat.ranks={list(ranks)} must list threat.byzantine={b} distinct ranks in [0, {n}).")
+    if b > f:
+        msg = (f"threat.byzantine={b} actual Byzantine workers exceed the declared threat.f={f}: every rule's "
+               f"guarantee assumes at most f.")
+        if bool(cfg.strict):
+            raise ConfigError(msg + " Raise threat.f, lower threat.byzantine, or pass strict=false to study breakdown.")
+        notes.append(msg)
+    return n, f, b, ranks, notes
+
+
+def _device(cfg: DictConfig) -> tuple[str, str]:
+    dev = str(cfg.trainer.device)
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev not in ("cpu", "cuda"):
+        raise ConfigError(f"trainer.device must be auto, cpu or cuda; got {dev!r}.")
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu.")
+    backend = str(cfg.trainer.backend)
+    if backend == "auto":
+        backend = "nccl" if dev == "cuda" else "gloo"
+    if backend not in ("gloo", "nccl") or (backend == "nccl" and dev != "cuda"):
+        raise ConfigError(f"trainer.backend must be auto, gloo or nccl (nccl needs trainer.device=cuda); got {backend!r}.")
+    return dev, backend
+
+
+def _trainer_checks(cfg: DictConfig) -> None:
+    tr = cfg.trainer
+    checks = [
+        (int(tr.steps) >= 0, f"trainer.steps must be >= 0; got {tr.steps}."),
+        (int(tr.batch_size) >= 1, f"trainer.batch_size must be >= 1; got {tr.batch_size}."),
+        (float(tr.lr) > 0, f"trainer.lr must be > 0; got {tr.lr}."),
+        (0 <= float(tr.momentum) < 1, f"trainer.momentum must be in [0, 1); got {tr.momentum}."),
+        (0 <= float(tr.worker_momentum) < 1, f"trainer.worker_momentum must be in [0, 1); got {tr.worker_momentum}."),
+        (int(tr.threads) >= 1, f"trainer.threads must be >= 1; got {tr.threads}."),
+        (int(tr.eval_every) >= 0 and int(tr.param_check_every) >= 0,
+         "trainer.eval_every and trainer.param_check_every must be >= 0."),
+        (str(tr.scheduler) in ("none", "cosine"), f"trainer.scheduler must be none or cosine; got {tr.scheduler!r}."),
+        (str(tr.reduction) in reduction_modes(),
+         f"trainer.reduction must be one of {', '.join(reduction_modes())}; got {tr.reduction!r}."),
+        (str(tr.on_nonfinite) in ("abort", "drop"), f"trainer.on_nonfinite must be abort or drop; got {tr.on_nonfinite!r}."),
+        (str(tr.start_method) in ("auto", "spawn", "forkserver", "fork"),
+         f"trainer.start_method must be auto, spawn, forkserver or fork; got {tr.start_method!r}."),
+        (float(tr.collective_timeout_s) > 0, f"trainer.collective_timeout_s must be > 0; got {tr.collective_timeout_s}."),
+        (str(cfg.logger.name) in ("wandb", "none"), f"logger must be wandb or none; got {cfg.logger.name!r}."),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+
+
+def _hard_violations(rule: Aggregator, n: int) -> list[str]:
+    """Violated requirements that are not advisory (the mean's ``f = 0`` is advisory: a baseline)."""
+    stages = rule.stages(n) if isinstance(rule, ra.Pipeline) else [(rule.requirement, n, rule.f)]
+    return [m for req, rows, f in stages if not req.advisory for m in req.check(rows, f)]
+
+
+def _rows_note(rule: Aggregator, n: int) -> str:
+    if not isinstance(rule, ra.Pipeline):
+        return ""
+    steps, m = [], n
+    for p in rule.pre:
+        m2 = p.output_rows(m)
+        if m2 != m:
+            steps.append(f"preaggregation {p.name} turns the {m} submissions into {m2} rows")
+        m = m2
+    return f" ({'; '.join(steps)}.)" if steps else ""
+
+
+def _dry_run_attack(attack: Any, rule: Aggregator, n: int, b: int, name: str) -> None:
+    """Call a copy of the attack on small random rows so setting errors surface before launch."""
+    g = torch.Generator().manual_seed(0)
+    honest = torch.randn(n - b, 6, generator=g)
+    adapter = AttackAdapter(copy.deepcopy(attack), copy.deepcopy(rule))
+    own = torch.randn(b, 6, generator=g) if adapter.knowledge != "none" else None
+    try:
+        adapter(honest, b, own, g)
+    except RobustAggError as exc:
+        raise ConfigError(f"attack={name} cannot run with n={n} workers of which {b} Byzantine: {exc}") from None
+
+
+def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
+    """Check the whole configuration and prepare the data; raise before any process starts.
+
+    Args:
+        cfg: the composed configuration (DictConfig or dict).
+        out_dir: the run directory recorded in the plan.
+
+    Returns:
+        a :class:`Plan`.
+
+    Raises:
+        ConfigError: misspelt key, unknown rule/attack/map/model, bad values, more Byzantine
+            workers than ``f`` under ``strict=true``, an attack that cannot run here, a partition
+            leaving a worker without data, or a torchrun world size different from ``threat.n``.
+        AssumptionError: the rule's requirement fails for ``threat.n`` and ``threat.f`` (strict).
+    """
+    cfg = as_config(cfg)
+    n, f, b, ranks, notes = _threat(cfg)
+    _trainer_checks(cfg)
+    device, backend = _device(cfg)
+    rule = build_rule(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AssumptionWarning)  # returned below and logged by the caller
+        try:
+            violations = rule.check(n)  # raises AssumptionError under strict
+        except AssumptionError as exc:
+            raise AssumptionError(f"{exc}{_rows_note(rule, n)}") from None
+    attack = build_attack(cfg)
+    attack_name, kind = "none", None
+    if attack is not None and b > 0:
+        attack_name = str(attack.name)
+        kind = str(getattr(attack.kind, "value", attack.kind))
+        if kind == "gradient":
+            _dry_run_attack(attack, rule, n, b, attack_name)
+    if attack is None or b == 0:
+        ranks = ()
+    data = build_data(cfg.data, n=n, byzantine_ranks=ranks, seed=int(cfg.seed))
+    plan = Plan(cfg={}, n=n, f=f, byzantine_ranks=tuple(ranks), rule_name=str(rule.name), attack_name=attack_name,
+                attack_kind=kind, data=data, device=device, backend=backend, out_dir=str(out_dir))
+    # Builds the model and optimizer once here: checks the model fits the data, and imports what
+    # torch.optim imports lazily (seconds of CPU) before worker processes are forked.
+    build_model_and_optimizer(plan, cfg, torch.device("cpu"))
+    for cb in cfg.trainer.callbacks:
+        if not isinstance(cb, Mapping) or not cb.get("_target_"):
+            raise ConfigError(f"trainer.callbacks entries need a _target_; got {cb!r}.")
+    from robustagg.distributed import from_environment
+
+    env = from_environment()
+    if env is not None and Mode(cfg.trainer.mode) is Mode.processes and env.world_size != n:
+        raise ConfigError(f"torchrun started {env.world_size} processes but threat.n={n}; one process per worker "
+                          f"is needed (torchrun --nproc-per-node ... with a total of {n}).")
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert isinstance(container, dict)
+    plan.cfg = {str(k): v for k, v in container.items()}
+    plan.violations = list(violations) + notes
+    plan.assumption_violated = bool(_hard_violations(rule, n)) or b > f
+    return plan
+
+
+def build_byzantine(plan: Plan, cfg: DictConfig, rule: Aggregator) -> Optional[ByzantineBehaviour]:
+    """The injected Byzantine behaviour of ``plan`` (``None`` when nobody attacks)."""
+    if not plan.byzantine_ranks:
+        return None
+    attack = build_attack(cfg)
+    if attack is None:
+        return None
+    seed = ra_seed(int(cfg.seed), 0xA77AC)
+    start = int(cfg.threat.start_step)
+    if plan.attack_kind == "data":
+        return ByzantineBehaviour(ranks=plan.byzantine_ranks, poison_fn=attack.poison_labels, start_step=start,
+                                  seed=seed, name=plan.attack_name)
+    adapter = AttackAdapter(attack, rule)
+    return ByzantineBehaviour(ranks=plan.byzantine_ranks, gradient_fn=adapter, start_step=start, seed=seed,
+                              name=plan.attack_name, needs_exchange=adapter.knowledge != "none")
+
+
+def ra_seed(*parts: int) -> int:
+    """A derived 63-bit seed (see :func:`robustagg.training.mix_seed`)."""
+    from robustagg.training import mix_seed
+
+    return mix_seed(*parts)
+
+
+def build_model_and_optimizer(plan: Plan, cfg: DictConfig, device: torch.device) -> tuple[torch.nn.Module, Any, Any]:
+    """Model (initialised from ``cfg.seed``, identical in every process), SGD, optional cosine schedule."""
+    torch.manual_seed(ra_seed(int(cfg.seed), 0x30DE1))
+    model = build_model(str(cfg.model.name), input_shape=plan.data.input_shape, num_classes=plan.data.num_classes,
+                        hidden=list(cfg.model.hidden), channels=list(cfg.model.channels),
+                        dropout=float(cfg.model.dropout)).to(device)
+    tr = cfg.trainer
+    opt = torch.optim.SGD(model.parameters(), lr=float(tr.lr), momentum=float(tr.momentum),
+                          weight_decay=float(tr.weight_decay), nesterov=bool(tr.nesterov))
+    sched = None
+    if str(tr.scheduler) == "cosine":
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, int(tr.steps)))
+    return model, opt, sched

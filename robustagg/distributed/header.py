@@ -1,0 +1,148 @@
+"""The cheap header every rank sends before its submission: who, which step, which collective, what.
+
+Before the (large) exchange of submissions, ranks all-gather a fixed-size ``int64`` header. If two
+ranks disagree on the step id, the collective sequence number, the length or the dtype of what
+they are about to exchange, the run is desynchronised: it is detected here, before any data is
+mixed, and raised as :class:`~robustagg.errors.DesyncError`. (A data all-gather with mismatched
+sizes is not an error gloo reports: it aborts the process. Hence a fixed-size header first.)
+
+The header also carries the digest of the aggregate the sender applied at the previous step
+(agreement is checked here, one step later, at no extra collective; :meth:`Reduction.verify`
+checks the pending one eagerly) and two floating-point side values, the worker's training loss
+and compute time, so the main rank learns them without another collective. Each submission's
+checksum travels with the submission itself (a trailer of its frame, see
+:mod:`robustagg.distributed.gather`).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..errors import DesyncError, ShapeError
+
+__all__ = ["Header", "HEADER_LEN", "MAGIC", "DTYPE_CODES", "dtype_code", "check_headers"]
+
+#: Format marker and version of the header layout (bumped when fields change).
+MAGIC = 0x52_41_47_01
+#: Number of int64 entries in an encoded header.
+HEADER_LEN = 10
+
+#: Stable integer codes of the floating dtypes a submission may have.
+DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}
+_CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """The header code of ``dtype``.
+
+    Raises:
+        ShapeError: ``dtype`` is not a supported floating dtype.
+    """
+    try:
+        return DTYPE_CODES[dtype]
+    except KeyError:
+        raise ShapeError(f"submissions must be float32, float64, float16 or bfloat16; got {dtype}.") from None
+
+
+def _f2i(x: float) -> int:
+    return int(struct.unpack("<q", struct.pack("<d", float(x)))[0])
+
+
+def _i2f(x: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<q", int(x)))[0])
+
+
+@dataclass(frozen=True)
+class Header:
+    """Metadata of one submission in one collective.
+
+    Attributes:
+        step: the sender's optimizer step id (0-based).
+        seq: the sequence number of the data collective this header announces (every rank counts
+            its collectives; equal counts mean the ranks are at the same point of the program).
+        rank: the sender's rank (must equal its row index in the gathered matrix).
+        tag: what the step's exchanges are for (0 = a robust reduction); ranks must agree.
+        numel: length ``d`` of the submission.
+        dtype: :data:`DTYPE_CODES` code of the submission's dtype.
+        prev_digest: :func:`~robustagg.integrity.checksum` of the aggregate the sender applied at
+            the previous step (0 before the first); ranks must agree.
+        loss: the sender's training loss on its batch (float, informational).
+        seconds: the sender's compute time for the step so far (float seconds, informational).
+    """
+
+    step: int
+    seq: int
+    rank: int
+    tag: int
+    numel: int
+    dtype: int
+    prev_digest: int
+    loss: float = float("nan")
+    seconds: float = float("nan")
+
+    def encode(self) -> torch.Tensor:
+        """The header as an ``int64`` tensor of length :data:`HEADER_LEN` (floats bit-cast)."""
+        return torch.tensor([MAGIC, self.step, self.seq, self.rank, self.tag, self.numel, self.dtype,
+                             self.prev_digest, _f2i(self.loss), _f2i(self.seconds)], dtype=torch.int64)
+
+    @classmethod
+    def decode(cls, t: torch.Tensor) -> "Header":
+        """Inverse of :meth:`encode`.
+
+        Raises:
+            DesyncError: wrong length or format marker (the peer runs another layout or garbage).
+        """
+        v = [int(a) for a in t.reshape(-1).tolist()]
+        if len(v) != HEADER_LEN or v[0] != MAGIC:
+            raise DesyncError(f"received a malformed header {v[:3]}...; every rank must run the same robustagg "
+                              "version and call the same collectives in the same order.")
+        return cls(step=v[1], seq=v[2], rank=v[3], tag=v[4], numel=v[5], dtype=v[6], prev_digest=v[7],
+                   loss=_i2f(v[8]), seconds=_i2f(v[9]))
+
+
+def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int) -> None:
+    """Raise :class:`DesyncError` unless every rank announces the same step, collective, tag, d, dtype
+    and previous aggregate digest.
+
+    Args:
+        headers: one decoded header per rank, in rank order.
+        step, seq, tag: what this rank itself is about to do.
+
+    Raises:
+        DesyncError: the message lists every disagreeing field with the ranks and values.
+
+    Example:
+        >>> h = [Header(step=3, seq=7, rank=r, tag=0, numel=5, dtype=1, prev_digest=0) for r in range(2)]
+        >>> check_headers(h, step=3, seq=7, tag=0)
+        >>> check_headers([h[0], Header(step=4, seq=7, rank=1, tag=0, numel=5, dtype=1, prev_digest=0)],
+        ...               step=3, seq=7, tag=0)
+        Traceback (most recent call last):
+        ...
+        robustagg.errors.DesyncError: ranks disagree before the exchange at step 3, collective 7: step: rank 1 has 4 (expected 3)
+    """
+    problems: list[str] = []
+    ref = headers[0]
+    for i, h in enumerate(headers):
+        if h.rank != i:
+            problems.append(f"row {i} carries rank {h.rank}")
+        for name, want in (("step", step), ("seq", seq), ("tag", tag), ("numel", ref.numel), ("dtype", ref.dtype)):
+            got = getattr(h, name)
+            if got != want:
+                problems.append(f"{name}: rank {i} has {got} (expected {want})")
+    digests = {h.prev_digest for h in headers}
+    if len(digests) > 1:
+        problems.append("the aggregates applied at step {} differ: ".format(step - 1)
+                        + ", ".join(f"rank {i} digest {h.prev_digest}" for i, h in enumerate(headers))
+                        + "; the ranks' parameters diverged")
+    if problems:
+        raise DesyncError(f"ranks disagree before the exchange at step {step}, collective {seq}: "
+                          + "; ".join(problems))
+
+
+def dtype_of(code: int) -> torch.dtype:
+    """The dtype of a header code (inverse of :func:`dtype_code`)."""
+    return _CODE_DTYPES[code]

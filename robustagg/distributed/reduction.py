@@ -1,0 +1,269 @@
+"""The robust reduction contract and the registry of reduction modes (``gather``, later ``sharded``).
+
+A *reduction* turns the submissions of the workers a process hosts into the aggregate every rank
+applies: exchange (with a header and a checksum per submission), integrity checks, the robust rule,
+and agreement on a digest of the aggregate. Modes differ in how the work is split (every rank
+gathers everything, or each rank aggregates a coordinate slice); they are registered by name so a
+new mode can live in its own module::
+
+    from robustagg.distributed import Reduction, register_reduction
+
+    @register_reduction("sharded")
+    class ShardedReduction(Reduction):
+        def reduce(self, rows, *, step, aux=None, want_weights=False, headers=None): ...
+
+The base class provides what every mode shares: :meth:`Reduction.announce` (the header exchange
+and its checks), :meth:`Reduction.share` (the honest rows shown to omniscient attackers) and
+:meth:`Reduction.verify` (eager digest agreement).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Mapping, Optional, TypeVar
+
+import torch
+
+from ..aggregators.base import Aggregator
+from ..errors import ConfigError, IntegrityError, ShapeError
+from ..integrity import IntegrityReport, checksum, inspect_rows
+from .comm import Communicator
+from .header import Header, check_headers, dtype_code
+
+__all__ = ["NonFinitePolicy", "Reduced", "Reduction", "register_reduction", "reduction_modes", "make_reduction",
+           "frame", "unframe", "TAG_REDUCTION"]
+
+TAG_REDUCTION = 0
+_CS_BYTES = 8
+
+
+def frame(t: torch.Tensor) -> torch.Tensor:
+    """A submission's wire form: its bytes then the 8 bytes of its checksum (``uint8``, on ``t``'s device).
+
+    Example:
+        >>> import torch
+        >>> x = torch.tensor([1.0, -2.0])
+        >>> rows, sums = unframe(torch.stack([frame(x), frame(2 * x)]), torch.float32)
+        >>> rows.tolist(), sums == [checksum(x), checksum(2 * x)]
+        ([[1.0, -2.0], [2.0, -4.0]], True)
+    """
+    flat = t.detach().reshape(-1).contiguous()
+    cs = torch.tensor([checksum(flat)], dtype=torch.int64).view(torch.uint8).to(flat.device)
+    return torch.cat([flat.view(torch.uint8), cs])
+
+
+def unframe(buffers: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+    """Split gathered frames ``(n, bytes)`` into the rows ``(n, d)`` of ``dtype`` and the declared checksums.
+
+    Raises:
+        ShapeError: the frame length does not fit ``dtype``.
+    """
+    size = torch.empty((), dtype=dtype).element_size()
+    body = buffers.shape[1] - _CS_BYTES
+    if buffers.dim() != 2 or body < 0 or body % size:
+        raise ShapeError(f"frames of {buffers.shape[1]} bytes do not hold {dtype} rows plus an 8-byte checksum.")
+    rows = buffers[:, :body].contiguous().view(dtype)
+    sums = buffers[:, body:].contiguous().cpu().view(torch.int64).reshape(-1).tolist()
+    return rows, [int(s) for s in sums]
+
+
+class NonFinitePolicy(str, enum.Enum):
+    """What the integrity layer does with a submission holding NaN or inf.
+
+    ``ABORT`` (default): raise :class:`~robustagg.errors.NonFiniteInputError` on every rank (the
+    group stops at the step where it happened). ``DROP``: leave the row out of the rule's input
+    and count it as a detected fault; the rule then sees fewer rows and its requirement is checked
+    on that number.
+    """
+
+    ABORT = "abort"
+    DROP = "drop"
+
+
+@dataclass
+class Reduced:
+    """The outcome of one reduction, identical on every rank (except ``weights``).
+
+    Attributes:
+        aggregate: ``(d,)`` the rule's output, the update every rank applies.
+        step: the step id.
+        seq: the collective sequence number of the submissions' exchange.
+        headers: one :class:`Header` per rank (checksums, losses, compute times).
+        matrix: ``(n, d)`` every submission as received, or ``None`` in modes where no rank holds
+            all of them.
+        kept: rows (ranks) that entered the rule, ascending.
+        dropped: rows left out by the integrity layer (non-finite under ``DROP``).
+        reports: the integrity report of every row (empty when the mode cannot inspect full rows).
+        digest: :func:`~robustagg.integrity.checksum` of ``aggregate`` (agreed by every rank).
+        weights: ``(len(kept),)`` float64 share of each kept row (``rule.weights``), when requested.
+    """
+
+    aggregate: torch.Tensor
+    step: int
+    seq: int
+    headers: list[Header]
+    matrix: Optional[torch.Tensor]
+    kept: list[int]
+    dropped: list[int] = field(default_factory=list)
+    reports: list[IntegrityReport] = field(default_factory=list)
+    digest: int = 0
+    weights: Optional[torch.Tensor] = None
+
+
+class Reduction(abc.ABC):
+    """Base class of the robust reduction modes.
+
+    Args:
+        rule: the robust rule (any :class:`~robustagg.Aggregator`, a Pipeline included); its
+            requirement is checked on the number of rows it receives.
+        comm: the :class:`~robustagg.distributed.comm.Communicator` of the run.
+        on_nonfinite: a :class:`NonFinitePolicy` (or its value).
+        check_digest: compare the aggregate's digest across ranks: in the next step's headers (no
+            extra collective), and eagerly with :meth:`verify`.
+
+    Raises:
+        ConfigError: ``on_nonfinite`` is not a policy name.
+    """
+
+    mode: ClassVar[str] = ""
+
+    def __init__(self, rule: Aggregator, comm: Communicator, *, on_nonfinite: NonFinitePolicy | str = "abort",
+                 check_digest: bool = True) -> None:
+        try:
+            self.on_nonfinite = NonFinitePolicy(on_nonfinite)
+        except ValueError:
+            raise ConfigError(f"on_nonfinite must be one of {[p.value for p in NonFinitePolicy]}; "
+                              f"got {on_nonfinite!r}.") from None
+        self.rule = rule
+        self.comm = comm
+        self.check_digest = bool(check_digest)
+        #: Rows dropped so far, as ``(step, rank)`` pairs (detected faults).
+        self.faults: list[tuple[int, int]] = []
+        #: Digest of the last aggregate (0 before the first); part of the trainer's replicated state.
+        self.last_digest = 0
+
+    def announce(self, rows: Mapping[int, torch.Tensor], *, step: int,
+                 aux: Optional[Mapping[int, tuple[float, float]]] = None) -> list[Header]:
+        """Exchange and check the headers of this step (call once per step, before any data).
+
+        Args:
+            rows: ``{rank: (d,) tensor}`` of the hosted workers (only length and dtype are read).
+            step: this rank's step id. aux: ``{rank: (loss, seconds)}`` to carry along.
+
+        Returns:
+            every rank's decoded :class:`Header`, in rank order.
+
+        Raises:
+            DesyncError: step, collective number, tag, length, dtype or previous digest differ.
+            CollectiveError: the collective failed or timed out.
+        """
+        comm = self.comm
+        seq = comm.seq + 1
+        prev = self.last_digest if self.check_digest else 0
+        enc = {}
+        for r, t in rows.items():
+            loss, secs = (aux or {}).get(r, (float("nan"), float("nan")))
+            enc[r] = Header(step=step, seq=seq, rank=r, tag=TAG_REDUCTION, numel=t.numel(), dtype=dtype_code(t.dtype),
+                            prev_digest=prev, loss=loss, seconds=secs).encode().to(comm.device)
+        headers = [Header.decode(h) for h in comm.all_gather(enc).cpu()]
+        check_headers(headers, step=step, seq=seq, tag=TAG_REDUCTION)
+        return headers
+
+    def _gather_rows(self, rows: Mapping[int, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+        """All-gather the hosted rows, framed with their checksums; ``(n, d)`` rows and declared checksums."""
+        buffers = self.comm.all_gather({r: frame(t.to(dtype)) for r, t in rows.items()})
+        return unframe(buffers, dtype)
+
+    def share(self, rows: Mapping[int, torch.Tensor], *, step: int) -> torch.Tensor:
+        """All-gather the hosted workers' honest submissions (what omniscient attackers see).
+
+        Call-order contract: after :meth:`announce` and before :meth:`reduce` of the same step,
+        on every rank or on none.
+
+        Returns:
+            ``(n, d)`` every worker's honestly computed submission.
+
+        Raises:
+            IntegrityError: a row does not match its framed checksum. CollectiveError: as above.
+        """
+        dtype = next(iter(rows.values())).dtype
+        x, sums = self._gather_rows(rows, dtype)
+        bad = [i for i, r in enumerate(inspect_rows(x, sums)) if r.corrupted]
+        if bad:
+            raise IntegrityError(f"step {step}: shared rows of rank(s) {bad} do not match their checksums.")
+        return x
+
+    @abc.abstractmethod
+    def reduce(self, rows: Mapping[int, torch.Tensor], *, step: int,
+               aux: Optional[Mapping[int, tuple[float, float]]] = None, want_weights: bool = False,
+               headers: Optional[list[Header]] = None) -> Reduced:
+        """Aggregate one submission per worker; every rank returns the same aggregate.
+
+        Call-order contract: every rank calls, once per step and with the same ``step``,
+        :meth:`announce` (or passes ``headers=None`` here, which announces), optionally
+        :meth:`share`, then ``reduce``.
+
+        Args:
+            rows: ``{rank: (d,) tensor}`` for the workers this process hosts.
+            step: the step id (checked against every other rank's).
+            aux: ``{rank: (loss, seconds)}`` carried in the headers (informational).
+            want_weights: also compute ``rule.weights`` of the kept rows (for metrics).
+            headers: this step's headers from :meth:`announce`.
+
+        Raises:
+            DesyncError: step, collective number, shape or dtype differ across ranks, or the
+                previous step's aggregate digests differ.
+            IntegrityError: a checksum does not match the bytes received.
+            NonFiniteInputError: a row is non-finite under ``ABORT``.
+            AssumptionError: the rule's requirement fails for the rows it receives.
+            CollectiveError: a collective failed or timed out.
+        """
+
+    def verify(self, step: int) -> None:
+        """Check now that every rank holds the same digest of the last aggregate (one collective).
+
+        Raises:
+            DesyncError: the digests differ. CollectiveError: the collective failed.
+        """
+        self.comm.agree(self.last_digest, what="aggregate digest", step=step)
+
+
+_MODES: dict[str, type[Reduction]] = {}
+R = TypeVar("R", bound=type[Reduction])
+
+
+def register_reduction(name: str) -> Callable[[R], R]:
+    """Class decorator registering a :class:`Reduction` subclass as mode ``name``.
+
+    Raises:
+        ConfigError: ``name`` is already registered.
+    """
+
+    def deco(cls: R) -> R:
+        if name in _MODES:
+            raise ConfigError(f"reduction mode {name!r} is already registered ({_MODES[name].__qualname__}).")
+        _MODES[name] = cls
+        cls.mode = name
+        return cls
+
+    return deco
+
+
+def reduction_modes() -> list[str]:
+    """Names of the registered reduction modes."""
+    return sorted(_MODES)
+
+
+def make_reduction(mode: str, rule: Aggregator, comm: Communicator, **kwargs: object) -> Reduction:
+    """Build the reduction registered as ``mode``.
+
+    Raises:
+        ConfigError: unknown mode (the message lists the registered ones).
+    """
+    try:
+        cls = _MODES[mode]
+    except KeyError:
+        raise ConfigError(f"unknown reduction mode {mode!r}; available: {', '.join(reduction_modes())}.") from None
+    return cls(rule, comm, **kwargs)  # type: ignore[arg-type]

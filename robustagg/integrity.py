@@ -1,0 +1,186 @@
+"""Integrity checks on a submission before it enters a rule: checksum, shape, dtype, finiteness.
+
+A *submission* is one worker's flattened gradient, a ``(d,)`` tensor. The sender computes
+:func:`checksum` over its bytes and ships it in a header next to the data; the receiver recomputes
+it over the bytes it got and :func:`inspect` compares the two. Nothing here mutates a tensor.
+
+What a check proves, and what it does not: a matching checksum proves the bytes arrived as they
+were sent (no corruption in transit); it says nothing about whether the gradient was computed
+honestly. Finite, well-formed, checksum-valid but wrong rows are the robust rule's job.
+
+Example:
+    >>> import torch
+    >>> from robustagg.integrity import checksum, inspect
+    >>> g = torch.tensor([1.0, 2.0, 3.0])
+    >>> report = inspect(g, expected_checksum=checksum(g), expected_numel=3, expected_dtype=torch.float32)
+    >>> report.ok, report.problems
+    (True, ())
+    >>> bad = inspect(torch.tensor([1.0, float("nan"), 3.0]), expected_numel=3)
+    >>> bad.ok, bad.nonfinite
+    (False, 1)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from .errors import ShapeError
+
+__all__ = ["checksum", "IntegrityReport", "inspect", "inspect_rows"]
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    flat = t.detach().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    flat = flat.contiguous()
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return flat.view(torch.uint8).numpy().data
+
+
+def checksum(t: torch.Tensor) -> int:
+    """BLAKE2b-64 digest of a tensor's raw bytes (C order), as a signed 64-bit integer.
+
+    Definition: ``int.from_bytes(blake2b(bytes(t), digest_size=8), "little", signed=True)``, where
+    ``bytes(t)`` is the tensor's elements in row-major order in its own dtype (a CUDA tensor is
+    copied to the host first). The value fits an ``int64`` tensor, so it can travel in a header.
+
+    Args:
+        t: any tensor (any shape, dtype and device); not modified.
+
+    Returns:
+        a Python int in ``[-2**63, 2**63)``. Equal bytes give equal checksums; ``-0.0`` and ``0.0``
+        (or two NaN payloads) differ, as they should for a byte-level transport check.
+
+    Example:
+        >>> import torch
+        >>> checksum(torch.zeros(3)) == checksum(torch.zeros(3)), checksum(torch.zeros(3)) == checksum(torch.ones(3))
+        (True, False)
+    """
+    h = hashlib.blake2b(_bytes(t), digest_size=8)
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+@dataclass(frozen=True)
+class IntegrityReport:
+    """What :func:`inspect` found about one submission.
+
+    Attributes:
+        row: the submission's index (the worker's rank), or ``None``.
+        shape: the tensor's shape.
+        dtype: the tensor's dtype, as text (``"torch.float32"``).
+        numel: number of elements.
+        nonfinite: how many entries are NaN or +-inf.
+        checksum: :func:`checksum` of the bytes received.
+        expected_checksum: the checksum the sender declared, or ``None`` when none was given.
+        problems: one message per failed check (empty when everything holds).
+    """
+
+    row: Optional[int]
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    nonfinite: int
+    checksum: int
+    expected_checksum: Optional[int] = None
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """True when every check passed."""
+        return not self.problems
+
+    @property
+    def corrupted(self) -> bool:
+        """True when a declared checksum does not match the bytes received."""
+        return self.expected_checksum is not None and self.expected_checksum != self.checksum
+
+    @property
+    def finite(self) -> bool:
+        """True when no entry is NaN or +-inf."""
+        return self.nonfinite == 0
+
+
+def inspect(t: torch.Tensor, *, row: Optional[int] = None, expected_numel: Optional[int] = None,
+            expected_dtype: Optional[torch.dtype] = None, expected_checksum: Optional[int] = None) -> IntegrityReport:
+    """Check one submission: 1-D, expected length and dtype, finite, checksum as declared.
+
+    Args:
+        t: the submission, a ``(d,)`` tensor as received; never modified.
+        row: its index (rank), used in the messages.
+        expected_numel: the model's ``d``; ``None`` skips the length check.
+        expected_dtype: the agreed dtype; ``None`` skips the dtype check.
+        expected_checksum: the sender's :func:`checksum`; ``None`` skips the comparison.
+
+    Shape: ``t`` is ``(d,)`` of any floating dtype on any device.
+
+    Returns:
+        an :class:`IntegrityReport`; ``report.ok`` is True when every check passed.
+
+    Raises:
+        nothing: failures are reported, the caller decides (drop the row or abort).
+
+    Example:
+        >>> import torch
+        >>> r = inspect(torch.ones(2, 2), row=3, expected_numel=4)
+        >>> r.problems
+        ('row 3: expected a 1-D submission (d,), got shape (2, 2)',)
+    """
+    problems: list[str] = []
+    who = f"row {row}" if row is not None else "submission"
+    if t.dim() != 1:
+        problems.append(f"{who}: expected a 1-D submission (d,), got shape {tuple(t.shape)}")
+    if expected_numel is not None and t.numel() != expected_numel:
+        problems.append(f"{who}: expected {expected_numel} entries, got {t.numel()}")
+    if expected_dtype is not None and t.dtype != expected_dtype:
+        problems.append(f"{who}: expected dtype {expected_dtype}, got {t.dtype}")
+    nonfinite = 0
+    if t.is_floating_point() or t.is_complex():
+        nonfinite = int((~torch.isfinite(t)).sum().item())
+    elif not problems:
+        problems.append(f"{who}: expected a floating dtype, got {t.dtype}")
+    if nonfinite:
+        problems.append(f"{who}: {nonfinite} non-finite value(s) (NaN or inf)")
+    got = checksum(t)
+    if expected_checksum is not None and int(expected_checksum) != got:
+        problems.append(f"{who}: checksum mismatch (declared {int(expected_checksum)}, received {got}): "
+                        "the bytes changed in transit")
+    return IntegrityReport(row=row, shape=tuple(t.shape), dtype=str(t.dtype), numel=t.numel(), nonfinite=nonfinite,
+                           checksum=got, expected_checksum=None if expected_checksum is None else int(expected_checksum),
+                           problems=tuple(problems))
+
+
+def inspect_rows(x: torch.Tensor, expected_checksums: Optional[Sequence[int]] = None, *,
+                 expected_dtype: Optional[torch.dtype] = None) -> list[IntegrityReport]:
+    """Run :func:`inspect` on every row of stacked submissions ``x``.
+
+    Args:
+        x: ``(n, d)`` stacked submissions (row i from rank i); never modified.
+        expected_checksums: the n declared checksums, or ``None``.
+        expected_dtype: the agreed dtype, or ``None``.
+
+    Returns:
+        one :class:`IntegrityReport` per row, in row order.
+
+    Raises:
+        ShapeError: ``x`` is not 2-D, or ``expected_checksums`` does not have n entries.
+
+    Example:
+        >>> import torch
+        >>> x = torch.tensor([[1.0, 2.0], [3.0, float("inf")]])
+        >>> [r.ok for r in inspect_rows(x, [checksum(x[0]), checksum(x[1])])]
+        [True, False]
+    """
+    if x.dim() != 2:
+        raise ShapeError(f"x must be (n, d) stacked submissions; got shape {tuple(x.shape)}.")
+    if expected_checksums is not None and len(expected_checksums) != x.shape[0]:
+        raise ShapeError(f"expected_checksums must have one entry per row ({x.shape[0]}); "
+                         f"got {len(expected_checksums)}.")
+    return [inspect(x[i], row=i, expected_numel=x.shape[1], expected_dtype=expected_dtype,
+                    expected_checksum=None if expected_checksums is None else int(expected_checksums[i]))
+            for i in range(x.shape[0])]

@@ -1,0 +1,99 @@
+"""The Byzantine behaviour a trainer is handed (dependency injection: the library never imports attacks/).
+
+A Byzantine worker either replaces its submission (a *gradient* attack) or trains honestly on
+poisoned data (a *data* attack, e.g. label flipping). The trainer calls what it is given at the
+right moment of the step; what the attack does is the caller's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["GradientAttack", "LabelPoison", "ByzantineBehaviour"]
+
+
+class GradientAttack(Protocol):
+    """``fn(honest, num_byzantine, own, generator) -> (num_byzantine, d)``.
+
+    Args:
+        honest: ``(h, d)`` the honest workers' submissions of this step, in rank order (an
+            attack whose knowledge model excludes them must only read their shape and dtype).
+        num_byzantine: number of rows to craft.
+        own: ``(num_byzantine, d)`` the Byzantine workers' own honestly computed submissions
+            (``None`` when the behaviour declares ``needs_exchange=False``).
+        generator: a seeded :class:`torch.Generator` whose state the trainer checkpoints.
+
+    An object implementing it may also have ``state_dict()`` / ``load_state_dict(state)`` (stateful
+    attacks such as mimic); the trainer saves and restores them.
+    """
+
+    def __call__(self, honest: torch.Tensor, num_byzantine: int, own: Optional[torch.Tensor],
+                 generator: torch.Generator) -> torch.Tensor: ...
+
+
+#: ``poison(labels, num_classes) -> labels``: relabels a Byzantine worker's batch (same shape).
+LabelPoison = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+@dataclass
+class ByzantineBehaviour:
+    """Which workers are Byzantine and what they do.
+
+    Args:
+        ranks: the Byzantine workers' ranks (distinct, in ``[0, n)``).
+        gradient_fn: a :class:`GradientAttack` replacing their submissions, or ``None``.
+        poison_fn: a :data:`LabelPoison` applied to their batches' labels, or ``None``.
+        start_step: they behave honestly before this step id.
+        seed: seed of the generator handed to ``gradient_fn`` (the same on every Byzantine rank,
+            so colluding workers craft the same rows in every process).
+        name: display name (for logs).
+        needs_exchange: ``gradient_fn`` reads the honest rows' or the Byzantine workers' own
+            values. ``False`` (attacks that know nothing, e.g. Gaussian noise) skips the exchange:
+            ``gradient_fn`` then gets zeros of the honest rows' shape and ``own=None``.
+
+    Raises:
+        ConfigError: duplicate or negative ranks, or neither callable given while ``ranks`` is
+            non-empty.
+
+    Note:
+        Omniscient attacks need this step's honest submissions: when ``gradient_fn`` is set, the
+        trainer exchanges every worker's honestly computed submission first (one extra all-gather
+        per step) and then the Byzantine ranks submit ``gradient_fn``'s rows. Every Byzantine rank
+        calls ``gradient_fn`` on the same inputs and takes its own row, so a colluding attack is
+        computed identically in every process.
+    """
+
+    ranks: Sequence[int]
+    gradient_fn: Optional[GradientAttack] = None
+    poison_fn: Optional[LabelPoison] = None
+    start_step: int = 0
+    seed: int = 0
+    name: str = "byzantine"
+    needs_exchange: bool = True
+
+    def __post_init__(self) -> None:
+        self.ranks = tuple(sorted(int(r) for r in self.ranks))
+        if len(set(self.ranks)) != len(self.ranks) or any(r < 0 for r in self.ranks):
+            raise ConfigError(f"Byzantine ranks must be distinct non-negative ints; got {list(self.ranks)}.")
+        if self.ranks and self.gradient_fn is None and self.poison_fn is None:
+            raise ConfigError("ByzantineBehaviour needs gradient_fn or poison_fn when ranks is non-empty.")
+
+    def active(self, step: int) -> bool:
+        """True when the Byzantine workers attack at ``step``."""
+        return bool(self.ranks) and step >= self.start_step
+
+    def state_dict(self) -> dict[str, Any]:
+        """The injected attack's own state (``{}`` when it has none)."""
+        fn: Any = self.gradient_fn
+        return dict(fn.state_dict()) if fn is not None and hasattr(fn, "state_dict") else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output into the injected attack."""
+        fn: Any = self.gradient_fn
+        if state and fn is not None and hasattr(fn, "load_state_dict"):
+            fn.load_state_dict(state)

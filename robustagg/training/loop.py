@@ -1,0 +1,247 @@
+"""The training loop: steps, per-step ``agg/*`` metrics, periodic ``test/*`` evaluation, the run summary.
+
+Every process runs :func:`fit` (the collectives need all of them); only the main process (rank 0)
+computes metrics, evaluates, logs to its sinks and shows the progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+from .trainer import StepOutput, Trainer
+
+__all__ = ["Sink", "JsonlSink", "RunSummary", "step_record", "fit"]
+
+EvalFn = Callable[[], dict[str, float]]
+
+
+class Sink(Protocol):
+    """Where records go: ``log(record, step)`` per record, ``close()`` once at the end."""
+
+    def log(self, record: dict[str, Any], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+class JsonlSink:
+    """Appends one JSON object per record to a ``.jsonl`` file (flushed per line, fsynced at close).
+
+    Non-finite floats are written as ``null`` (NaN) or the strings ``"inf"``/``"-inf"`` so that
+    every line is strict JSON.
+
+    Args:
+        path: the file (its parent is created); appended to if it exists.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        self._fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}, allow_nan=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+
+
+@dataclass
+class RunSummary:
+    """The numbers a run is judged by (written as ``summary.json``).
+
+    Attributes:
+        final_test_acc, best_test_acc: top-1 accuracy at the last evaluation and the best one.
+        final_test_loss: loss at the last evaluation.
+        worst_class_acc: lowest per-class accuracy at the last evaluation.
+        mean_kappa_hat: mean of the finite per-step ``agg/kappa_hat``.
+        byz_accepted_rate: mean ``agg/byz_accepted`` over the steps where Byzantine workers attacked.
+        steps: optimizer steps taken. wall_seconds: of the loop. seconds_per_step: their ratio.
+        dropped_rows: submissions left out by the integrity layer (detected faults).
+        assumption_violated: the run broke the rule's requirement on purpose (strict=False).
+    """
+
+    final_test_acc: float = math.nan
+    best_test_acc: float = math.nan
+    final_test_loss: float = math.nan
+    worst_class_acc: float = math.nan
+    mean_kappa_hat: float = math.nan
+    byz_accepted_rate: float = math.nan
+    steps: int = 0
+    wall_seconds: float = 0.0
+    seconds_per_step: float = math.nan
+    dropped_rows: int = 0
+    assumption_violated: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat dict (``extra`` merged in)."""
+        d = asdict(self)
+        extra = d.pop("extra")
+        d.update(extra)
+        return d
+
+
+def _step_metrics() -> Optional[Callable[..., dict[str, float]]]:
+    try:
+        from ..metrics import step_metrics
+    except ImportError:  # pragma: no cover - metrics ships with the library
+        return None
+    return step_metrics
+
+
+def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
+    """The per-step record of the main process (keys of ``metrics.md``).
+
+    Keys: ``kind="train"``, ``step`` (steps completed), ``train/loss`` (mean loss of the honest
+    workers' batches), ``train/lr``, ``time/step_s``, ``time/compute_max_s`` and
+    ``time/compute_min_s`` (per-rank compute time before the exchange: a straggler shows here),
+    ``agg/dropped``, and from :func:`robustagg.metrics.step_metrics` ``agg/kappa_hat``,
+    ``agg/dev_norm``, ``agg/cosine``, ``agg/retained``, ``agg/byz_accepted`` and
+    ``agg/honest_weight/<rank>`` (rank of the worker, also when rows were dropped).
+    """
+    red = out.reduced
+    honest = [r for r in range(len(out.losses)) if r not in out.byzantine]
+    hl = [out.losses[r] for r in honest]
+    secs = [h.seconds for h in red.headers]
+    rec: dict[str, Any] = {
+        "kind": "train", "step": out.step + 1,
+        "train/loss": sum(hl) / len(hl) if hl else math.nan,
+        "train/lr": float(trainer.optimizer.param_groups[0]["lr"]),
+        "time/step_s": out.seconds,
+        "time/compute_max_s": max(secs), "time/compute_min_s": min(secs),
+        "agg/dropped": len(red.dropped),
+    }
+    metrics = _step_metrics()
+    mask = out.honest_mask()
+    if metrics is not None and red.matrix is not None and bool(mask.any()):
+        x = red.matrix if not red.dropped else red.matrix[red.kept]
+        for k, v in metrics(red.aggregate, x, mask, red.weights).items():
+            if k.startswith("agg/honest_weight/"):
+                k = f"agg/honest_weight/{red.kept[int(k.rsplit('/', 1)[1])]}"
+            rec[k] = v
+        if not out.byzantine:
+            rec.pop("agg/byz_accepted", None)
+    return rec
+
+
+def _mean(values: Sequence[float]) -> float:
+    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval_every: int = 0,
+        sinks: Sequence[Sink] = (), progress: bool = False, param_check_every: int = 0,
+        assumption_violated: bool = False, on_record: Optional[Callable[[dict[str, Any]], None]] = None,
+        callbacks: Sequence[Callable[[Trainer, StepOutput], None]] = ()) -> RunSummary:
+    """Run ``steps`` steps of ``trainer`` and return the run's summary (meaningful on the main rank).
+
+    Call-order contract: every process of the group calls ``fit`` with the same ``steps``,
+    ``param_check_every`` (collectives) — ``evaluate``, ``sinks`` and ``progress`` only matter on
+    the main process.
+
+    Args:
+        trainer: a :class:`Trainer`.
+        steps: number of optimizer steps (>= 0), counted from the trainer's current step.
+        evaluate: ``() -> {"test/acc": ..., ...}``, called on the main process every
+            ``eval_every`` steps (0: only at the end) and after the last step.
+        sinks: receive every record (``kind="train"`` per step, ``kind="test"`` per evaluation).
+        progress: show a progress bar (main process).
+        param_check_every: compare a digest of the parameters across ranks every K steps and at
+            the end (0: only at the end).
+        assumption_violated: recorded as ``assumption/violated`` in every train record.
+        on_record: called with every record (e.g. to build a live table).
+        callbacks: ``cb(trainer, step_output)`` after every step, on every process.
+
+    Returns:
+        a :class:`RunSummary`.
+
+    Raises:
+        whatever a step raises (desync, integrity, requirement, collective timeout).
+    """
+    main = trainer.is_main
+    kappas: list[float] = []
+    accepted: list[float] = []
+    summary = RunSummary(assumption_violated=bool(assumption_violated))
+    bar = tqdm(total=steps, disable=not (progress and main), desc="train", dynamic_ncols=True, leave=True,
+               mininterval=0.5)
+    last_test: dict[str, float] = {}
+
+    def emit(rec: dict[str, Any]) -> None:
+        for s in sinks:
+            s.log(rec, int(rec["step"]))
+        if on_record is not None:
+            on_record(rec)
+
+    def run_eval() -> None:
+        nonlocal last_test
+        if evaluate is None:
+            return
+        res = evaluate()
+        last_test = res
+        acc = res.get("test/acc", math.nan)
+        if math.isnan(summary.best_test_acc) or acc > summary.best_test_acc:
+            summary.best_test_acc = acc
+        emit({"kind": "test", "step": trainer.step_id, **res})
+
+    t0 = time.perf_counter()
+    first = trainer.step_id
+    for i in range(steps):
+        out = trainer.step()
+        for cb in callbacks:
+            cb(trainer, out)
+        done = i + 1
+        if param_check_every and done % param_check_every == 0 and done != steps:
+            trainer.check_parameters()
+        if not main:
+            continue
+        rec = step_record(out, trainer)
+        rec["assumption/violated"] = int(assumption_violated)
+        rec["time/elapsed_s"] = time.perf_counter() - t0
+        summary.dropped_rows += len(out.reduced.dropped)
+        kappas.append(rec.get("agg/kappa_hat", math.nan))
+        if out.byzantine and "agg/byz_accepted" in rec:
+            accepted.append(rec["agg/byz_accepted"])
+        emit(rec)
+        if evaluate is not None and eval_every and done % eval_every == 0 and done != steps:
+            run_eval()
+        bar.update(1)
+        if done % 10 == 0 or done == steps:
+            post = {"loss": f"{rec['train/loss']:.3f}"}
+            if last_test:
+                post["acc"] = f"{last_test['test/acc']:.3f}"
+            if math.isfinite(rec.get("agg/kappa_hat", math.nan)):
+                post["kappa"] = f"{rec['agg/kappa_hat']:.2g}"
+            bar.set_postfix(post, refresh=False)
+    trainer.check_parameters()
+    wall = time.perf_counter() - t0
+    if main:
+        run_eval()
+    bar.close()
+    summary.steps = trainer.step_id - first
+    summary.wall_seconds = wall
+    summary.seconds_per_step = wall / summary.steps if summary.steps else math.nan
+    summary.mean_kappa_hat = _mean(kappas)
+    summary.byz_accepted_rate = _mean(accepted)
+    if last_test:
+        summary.final_test_acc = last_test.get("test/acc", math.nan)
+        summary.final_test_loss = last_test.get("test/loss", math.nan)
+        summary.worst_class_acc = last_test.get("test/worst_class_acc", math.nan)
+    return summary

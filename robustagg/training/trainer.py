@@ -1,0 +1,305 @@
+"""One robust training step, written once for every worker a process hosts.
+
+In ``processes`` mode each process hosts one worker (its rank); in ``simulated`` mode one process
+hosts all n. The step is the same code either way, so on CPU with one thread both modes produce
+bit-identical parameters for the same seed.
+
+Step (every process)::
+
+    for each hosted worker r:   batch <- shard_r (sampler position) ; labels poisoned if r is
+                                Byzantine under a data attack ; g_r <- grad of the loss, flattened
+                                over the whole model ; worker momentum m_r <- b m_r + (1 - b) g_r
+    announce: header exchange (step, collective number, d, dtype, previous aggregate digest)
+    if a gradient attack is active: all-gather every g (omniscient attackers see this step's
+                                honest submissions) ; Byzantine workers replace theirs
+    reduce: submissions framed with their checksums, integrity, rule -> aggregate
+    p.grad <- aggregate ; optimizer.step() ; scheduler.step() ; step += 1
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._tensor import flatten, unflatten_like
+from ..distributed.reduction import Reduced, Reduction
+from ..errors import ConfigError, ShapeError
+from ..integrity import checksum
+from .byzantine import ByzantineBehaviour
+from .sampler import ShardSampler, mix_seed
+from .state import capture_rng, restore_rng
+
+__all__ = ["Shard", "StepOutput", "Trainer"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Shard:
+    """One worker's training data: inputs ``x`` ``(N, ...)`` and int64 labels ``y`` ``(N,)``."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.x.shape[0] != self.y.shape[0]:
+            raise ShapeError(f"shard x and y differ in length: {self.x.shape[0]} vs {self.y.shape[0]}.")
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclass
+class StepOutput:
+    """What one step produced (identical on every rank except ``reduced.weights``).
+
+    Attributes:
+        step: the id of the step just taken (0-based; the trainer's counter is now ``step + 1``).
+        reduced: the reduction's outcome (aggregate, matrix, kept rows, headers, ...).
+        byzantine: ranks that attacked at this step.
+        losses: every rank's training loss on its batch (from the headers; Byzantine ranks report
+            the loss of their honest computation).
+        seconds: wall time of the step in this process.
+    """
+
+    step: int
+    reduced: Reduced
+    byzantine: tuple[int, ...]
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def honest_mask(self) -> torch.Tensor:
+        """``(len(kept),)`` bool: True for the kept rows of honest workers."""
+        return torch.tensor([r not in self.byzantine for r in self.reduced.kept], dtype=torch.bool)
+
+
+def _clone(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.clone()
+
+
+class Trainer:
+    """Data-parallel robust training of one model by ``n`` workers, some of them Byzantine.
+
+    Args:
+        model: the model (identically initialised in every process).
+        optimizer: over ``model.parameters()``; stepped with the robust aggregate as gradient.
+        reduction: a :class:`~robustagg.distributed.Reduction` (its communicator says which
+            workers this process hosts).
+        shards: ``{rank: Shard}`` for exactly the hosted workers.
+        batch_size: examples per worker per step.
+        num_classes: number of classes (handed to the label poison).
+        seed: the run's seed (data order of every worker derives from it).
+        loss_fn: ``(logits, labels) -> scalar``; default mean cross-entropy.
+        scheduler: optional learning-rate scheduler, stepped after every optimizer step.
+        worker_momentum: ``beta`` in ``[0, 1)`` of the worker momentum ``m <- beta m + (1 - beta) g``
+            (Karimireddy, He, Jaggi, ICML 2021); 0 disables it.
+        byzantine: the injected :class:`ByzantineBehaviour`, or ``None`` (everyone honest).
+        metrics: compute the rule's row weights on the main process (for ``agg/*`` metrics).
+
+    Raises:
+        ConfigError: hosted workers and shards differ, Byzantine ranks out of range, every worker
+            Byzantine, or ``worker_momentum`` outside ``[0, 1)``.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduction: Reduction,
+                 shards: Mapping[int, Shard], *, batch_size: int, num_classes: int, seed: int = 0,
+                 loss_fn: LossFn = F.cross_entropy, scheduler: Optional[Any] = None, worker_momentum: float = 0.0,
+                 byzantine: Optional[ByzantineBehaviour] = None, metrics: bool = True) -> None:
+        self.comm = reduction.comm
+        if sorted(shards) != list(self.comm.local_ranks):
+            raise ConfigError(f"shards must be given for the hosted workers {list(self.comm.local_ranks)}; "
+                              f"got {sorted(shards)}.")
+        if not 0.0 <= worker_momentum < 1.0:
+            raise ConfigError(f"worker_momentum must be in [0, 1); got {worker_momentum}.")
+        n = self.comm.world_size
+        if byzantine is not None:
+            if any(r >= n for r in byzantine.ranks):
+                raise ConfigError(f"Byzantine ranks {list(byzantine.ranks)} out of range for n={n} workers.")
+            if len(byzantine.ranks) >= n:
+                raise ConfigError(f"at least one worker must be honest; got {len(byzantine.ranks)} Byzantine of n={n}.")
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.reduction = reduction
+        self.shards = dict(shards)
+        self.num_classes = int(num_classes)
+        self.loss_fn = loss_fn
+        self.worker_momentum = float(worker_momentum)
+        self.byzantine = byzantine
+        self.metrics = bool(metrics)
+        self.step_id = 0
+        self.samplers = {r: ShardSampler(len(s), batch_size, seed=seed, rank=r) for r, s in self.shards.items()}
+        self.momentum: dict[int, Optional[torch.Tensor]] = {r: None for r in self.shards}
+        # Each worker's own torch CPU RNG stream (dropout and other randomness in the forward and
+        # backward pass), swapped in around its gradient: the streams do not depend on how workers
+        # are spread over processes, so simulated and multi-process runs draw the same numbers.
+        self.worker_rng = {r: torch.Generator().manual_seed(mix_seed(seed, r, 0x5EED)).get_state()
+                           for r in self.shards}
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.attack_generator = torch.Generator(device=device)
+        self.attack_generator.manual_seed(byzantine.seed if byzantine is not None else 0)
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        """True in the process that logs (rank 0)."""
+        return self.comm.is_main
+
+    def num_parameters(self) -> int:
+        """``d``: the length of a submission."""
+        return sum(p.numel() for p in self.params)
+
+    def _gradient(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
+        self.model.train()
+        for p in self.params:
+            p.grad = None
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        g = flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
+        return g.detach(), float(loss.detach())
+
+    def step(self) -> StepOutput:
+        """Take one training step on every hosted worker; see the module docstring.
+
+        Raises:
+            ShapeError: the injected attack returned the wrong shape.
+            and whatever :meth:`Reduction.reduce` raises (desync, integrity, requirement, timeout).
+        """
+        t0 = time.perf_counter()
+        step = self.step_id
+        byz = self.byzantine
+        active = byz is not None and byz.active(step)
+        byz_ranks: tuple[int, ...] = tuple(byz.ranks) if (byz is not None and active) else ()
+        subs: dict[int, torch.Tensor] = {}
+        aux: dict[int, tuple[float, float]] = {}
+        for r in self.comm.local_ranks:
+            tw = time.perf_counter()
+            shard = self.shards[r]
+            idx = self.samplers[r].next()
+            x, y = shard.x[idx], shard.y[idx]
+            if r in byz_ranks and byz is not None and byz.poison_fn is not None:
+                y = byz.poison_fn(y, self.num_classes)
+            torch.set_rng_state(self.worker_rng[r])
+            g, loss = self._gradient(x, y)
+            self.worker_rng[r] = torch.get_rng_state()
+            if self.worker_momentum > 0:
+                m = self.momentum[r]
+                b = self.worker_momentum  # m_0 = 0, so the first step submits (1 - b) g
+                g = (1.0 - b) * g if m is None else b * m + (1.0 - b) * g
+                self.momentum[r] = g
+            subs[r] = g
+            aux[r] = (loss, time.perf_counter() - tw)  # this worker's compute time (straggler evidence)
+        headers = self.reduction.announce(subs, step=step, aux=aux)
+        if byz_ranks and byz is not None and byz.gradient_fn is not None:
+            n = self.comm.world_size
+            honest = [i for i in range(n) if i not in byz_ranks]
+            mine = [r for r in self.comm.local_ranks if r in byz_ranks]
+            if byz.needs_exchange:
+                full = self.reduction.share(subs, step=step)
+                honest_rows, own = full[honest], full[list(byz_ranks)]
+            else:  # the attack reads only the shapes: no exchange (see ByzantineBehaviour)
+                g0 = next(iter(subs.values()))
+                honest_rows, own = g0.new_zeros((len(honest), g0.numel())), None
+            if mine:
+                rows = byz.gradient_fn(honest_rows, len(byz_ranks), own, self.attack_generator)
+                d = honest_rows.shape[1]
+                if tuple(rows.shape) != (len(byz_ranks), d):
+                    raise ShapeError(f"the attack {byz.name!r} returned shape {tuple(rows.shape)}; expected "
+                                     f"({len(byz_ranks)}, {d}).")
+                for r in mine:
+                    subs[r] = rows[byz_ranks.index(r)].to(dtype=honest_rows.dtype,
+                                                          device=honest_rows.device).contiguous()
+        reduced = self.reduction.reduce(subs, step=step, aux=aux, want_weights=self.metrics and self.is_main,
+                                        headers=headers)
+        self._apply(reduced.aggregate)
+        self.step_id += 1
+        return StepOutput(step=step, reduced=reduced, byzantine=byz_ranks,
+                          losses=[h.loss for h in reduced.headers], seconds=time.perf_counter() - t0)
+
+    def _apply(self, aggregate: torch.Tensor) -> None:
+        for p, g in zip(self.params, unflatten_like(aggregate.to(self.params[0].dtype), self.params)):
+            p.grad = g.clone()
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def parameter_digest(self) -> int:
+        """:func:`~robustagg.integrity.checksum` of the flattened parameters."""
+        return checksum(flatten([p.detach() for p in self.params]))
+
+    def check_parameters(self) -> None:
+        """Compare the parameter digest across ranks.
+
+        Raises:
+            DesyncError: some rank holds different parameters.
+        """
+        self.comm.agree(self.parameter_digest(), what="parameter digest", step=self.step_id)
+
+    # --- explicit state (issue: committed checkpoints restore all of it) ------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue bit-for-bit, split by who owns it.
+
+        Returns:
+            ``{"replicated": {...}, "local": {...}}``. ``replicated`` is identical on every rank
+            (save it once): ``step``, ``model``, ``optimizer``, ``scheduler`` (or ``None``),
+            ``rule`` (the rule's explicit state), ``comm_seq`` (collectives issued so far),
+            ``last_digest`` (digest of the last aggregate, checked in the next step's headers).
+            ``local`` is this process's own: ``workers`` ``{rank: {"sampler", "momentum", "rng"}}``
+            for the hosted workers (data position, momentum buffer, the worker's torch CPU RNG
+            stream), ``rng`` (process-global Python/NumPy/torch/CUDA RNG states),
+            ``attack`` (the injected attack's state, ``{}`` when stateless or absent) and
+            ``attack_generator`` (the generator handed to the attack).
+        """
+        byz = self.byzantine
+        return {
+            "replicated": {
+                "step": self.step_id,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                "rule": self.reduction.rule.state_dict(),
+                "comm_seq": self.comm.seq,
+                "last_digest": self.reduction.last_digest,
+            },
+            "local": {
+                "workers": {r: {"sampler": self.samplers[r].state_dict(), "momentum": _clone(self.momentum[r]),
+                                "rng": self.worker_rng[r].clone()}
+                            for r in self.comm.local_ranks},
+                "rng": capture_rng(),
+                "attack": byz.state_dict() if byz is not None else {},
+                "attack_generator": self.attack_generator.get_state(),
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the ``local`` part must be this process's own).
+
+        Raises:
+            ConfigError: the ``local`` part is for other workers.
+        """
+        rep, loc = state["replicated"], state["local"]
+        if sorted(int(r) for r in loc["workers"]) != list(self.comm.local_ranks):
+            raise ConfigError(f"local state is for workers {sorted(loc['workers'])}, this process hosts "
+                              f"{list(self.comm.local_ranks)}.")
+        self.step_id = int(rep["step"])
+        self.model.load_state_dict(rep["model"])
+        self.optimizer.load_state_dict(rep["optimizer"])
+        if self.scheduler is not None and rep.get("scheduler") is not None:
+            self.scheduler.load_state_dict(rep["scheduler"])
+        self.reduction.rule.load_state_dict(rep["rule"])
+        self.comm.seq = int(rep["comm_seq"])
+        self.reduction.last_digest = int(rep.get("last_digest", 0))
+        for r, w in loc["workers"].items():
+            self.samplers[int(r)].load_state_dict(w["sampler"])
+            self.momentum[int(r)] = None if w["momentum"] is None else w["momentum"].clone()
+            self.worker_rng[int(r)] = w["rng"].clone()
+        restore_rng(loc["rng"])
+        if self.byzantine is not None:
+            self.byzantine.load_state_dict(loc.get("attack") or {})
+        self.attack_generator.set_state(loc["attack_generator"])

@@ -1,0 +1,147 @@
+"""conf/: every config file composes against the schema; bad configurations fail before launch.
+
+Nothing here starts a process: :func:`experiments.wiring.validate` is what ``train`` runs first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+import attacks
+import experiments.config  # noqa: F401  (registers the schema)
+import robustagg as ra
+from experiments.wiring import as_config, build_attack, build_rule, rule_names, validate
+from robustagg.errors import AssumptionError, ConfigError
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = ["aggregator", "preaggregation", "attack", "threat", "data", "model", "trainer", "logger"]
+FAST = ["trainer.steps=1", "logger=none"]
+
+
+def _compose(overrides=()):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_every_rule_and_attack_has_a_config_file():
+    assert _options("aggregator") == sorted(rule_names())
+    maps = [n for n in ra.available() if n not in rule_names()]
+    assert _options("preaggregation") == sorted(maps + ["none"])
+    assert _options("attack") == sorted(attacks.available() + ["none"])
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_config_file_composes_and_builds(group, option):
+    cfg = as_config(_compose([f"{group}={option}"]))
+    assert cfg.threat.n == 10 and cfg.threat.f == 2
+    if group == "aggregator":
+        assert cfg.aggregator.f == 2 if "f" in cfg.aggregator else True  # interpolated from threat.f
+        assert isinstance(build_rule(cfg), ra.Aggregator)
+    if group == "preaggregation" and option != "none":
+        assert isinstance(build_rule(cfg), ra.Pipeline)
+    if group == "attack":
+        att = build_attack(cfg)
+        assert (att is None) == (option == "none")
+        if att is not None:
+            assert att.name == option
+
+
+def test_experiment_example_composes_and_validates():
+    cfg = _compose(["+experiment=example", *FAST])
+    assert cfg.trainer.mode.value == "simulated" and cfg.data.partition.value == "dirichlet"
+    plan = validate(cfg)
+    assert plan.rule_name == "nnm>krum" and plan.attack_name == "sign_flip"
+
+
+def test_defaults_are_the_documented_run():
+    cfg = _compose()
+    plan = validate(cfg)
+    assert (plan.n, plan.f, plan.byzantine_ranks) == (10, 2, (8, 9))
+    assert plan.rule_name == "trimmed_mean" and plan.attack_name == "alie" and plan.data.name == "digits"
+    assert cfg.trainer.mode.value == "processes" and cfg.logger.name == "wandb" and cfg.logger.mode == "offline"
+
+
+def test_stable_user_keys_and_single_source_for_n_and_f():
+    cfg = _compose(["aggregator=krum", "preaggregation=nnm", "attack=ipm", "threat.n=11", "threat.f=3",
+                    "threat.byzantine=2", "data=synthetic", "data.partition=dirichlet", "trainer.steps=7",
+                    "trainer.mode=simulated", "seed=4", "logger=none"])
+    assert cfg.aggregator.f == 3 and cfg.preaggregation.f == 3  # f set once, in threat/
+    plan = validate(cfg)
+    assert plan.n == 11 and plan.byzantine_ranks == (9, 10) and plan.data.name == "synthetic"
+    assert plan.cfg["trainer"]["steps"] == 7 and plan.cfg["seed"] == 4 and plan.cfg["trainer"]["mode"] == "simulated"
+
+
+@pytest.mark.parametrize("override", ["trainer.setps=10", "threat.nn=3", "data.partition=iidd",
+                                      "trainer.mode=simulatd", "aggregator.tua=1.0"])
+def test_misspelt_keys_and_values_fail_at_composition(override):
+    with pytest.raises((HydraException, OmegaConfBaseException)):
+        _compose([override])
+
+
+def test_unknown_rule_or_attack_name_lists_the_available_ones():
+    with pytest.raises(HydraException, match=r"(?s)Could not find 'aggregator/krumm'.*trimmed_mean"):
+        _compose(["aggregator=krumm"])
+    with pytest.raises(HydraException, match=r"(?s)Could not find 'attack/alie2'.*sign_flip"):
+        _compose(["attack=alie2"])
+    with pytest.raises(ConfigError, match="unknown aggregator 'robustagg.Nope'; available: .*krum"):
+        validate(_compose(["aggregator._target_=robustagg.Nope", *FAST]))
+    with pytest.raises(ConfigError, match="unknown attack 'attacks.Nope'; available: none, agr_tailored"):
+        validate(_compose(["attack._target_=attacks.Nope", *FAST]))
+    with pytest.raises(ConfigError, match="CenteredClipping does not take 'tua'; its parameters are tau, iterations"):
+        validate(_compose(["aggregator=centered_clipping", "+aggregator.tua=1.0", *FAST]))
+
+
+def test_requirement_fails_before_launch_with_the_rules_message():
+    with pytest.raises(AssumptionError, match=r"Krum requires n >= 2f \+ 3 \(Blanchard et al., NeurIPS 2017\); "
+                                              r"got n=6, f=2\. Lower f, add workers, or pass strict=False"):
+        validate(_compose(["aggregator=krum", "threat.n=6", *FAST]))
+    with pytest.raises(AssumptionError, match=r"Krum requires n >= 2f \+ 3.*got n=5, f=2.*preaggregation bucketing "
+                                              r"turns the 10 submissions into 5 rows"):
+        validate(_compose(["aggregator=krum", "preaggregation=bucketing", *FAST]))  # ceil(10/2) = 5 rows
+    plan = validate(_compose(["aggregator=krum", "threat.n=6", "strict=false", *FAST]))
+    assert plan.assumption_violated and "Krum requires" in plan.violations[0]
+
+
+def test_more_byzantine_than_declared_needs_strict_false():
+    with pytest.raises(ConfigError, match="threat.byzantine=3 actual Byzantine workers exceed the declared "
+                                          "threat.f=2.*strict=false"):
+        validate(_compose(["threat.byzantine=3", *FAST]))
+    plan = validate(_compose(["threat.byzantine=3", "strict=false", *FAST]))
+    assert plan.assumption_violated and plan.byzantine_ranks == (7, 8, 9)
+
+
+def test_other_refusals_before_launch(monkeypatch):
+    with pytest.raises(ConfigError, match=r"leaves worker\(s\) \[5, 6, 7, 8, 9\] of n=10 with no training data"):
+        validate(_compose(["data.max_train_samples=5", *FAST]))
+    # ALIE's z is undefined when s = floor(n/2 + 1) - f <= 0: n = 4, f = 3 gives s = 0.
+    with pytest.raises(ConfigError, match="attack=alie cannot run with n=4 workers of which 3 Byzantine"):
+        validate(_compose(["aggregator=mean", "threat.n=4", "threat.f=3", *FAST]))
+    with pytest.raises(ConfigError, match="threat.byzantine=4 leaves no honest worker"):
+        validate(_compose(["threat.n=4", "threat.f=4", "aggregator=mean", *FAST]))
+    with pytest.raises(ConfigError, match="trainer.reduction must be one of gather"):
+        validate(_compose(["trainer.reduction=nope", *FAST]))
+    with pytest.raises(ConfigError, match="model=cnn needs image data"):
+        validate(_compose(["model=cnn", "data=synthetic", *FAST]))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match="torchrun started 3 processes but threat.n=10"):
+        validate(_compose(FAST))
+
+
+def test_the_mean_is_a_baseline_not_a_violation():
+    plan = validate(_compose(["aggregator=mean", *FAST]))  # f = 2 declared: advisory only
+    assert not plan.assumption_violated and "Mean requires f = 0" in plan.violations[0]
+
+
+def test_attack_none_or_zero_byzantine_means_everyone_is_honest():
+    assert validate(_compose(["attack=none", *FAST])).byzantine_ranks == ()
+    assert validate(_compose(["threat.byzantine=0", *FAST])).byzantine_ranks == ()

@@ -1,0 +1,60 @@
+"""The command line, as a user types it: the README's first command (short), a bad configuration,
+and the torchrun path. Each test runs real subprocesses (seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _run(args, tmp_path, timeout=240, env=None):
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env or ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_first_readme_command_short(tmp_path):
+    # `python -m experiments.train`: digits, 10 worker processes, 2 Byzantine (ALIE), trimmed mean;
+    # shortened to 3 steps.
+    run = tmp_path / "run"
+    p = _run(["-m", "experiments.train", "trainer.steps=3", "trainer.eval_every=0", f"hydra.run.dir={run}"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "final_test_acc" in p.stdout and "trimmed_mean vs alie (n=10, f=2, 2 Byzantine)" in p.stdout
+    s = json.loads((run / "summary.json").read_text())
+    assert s["steps"] == 3 and s["n"] == 10 and s["byzantine_ranks"] == [8, 9] and s["mode"] == "processes"
+    assert (run / "model.safetensors").exists() and (run / "metrics.jsonl").exists()
+    assert (run / ".hydra" / "config.yaml").exists()
+
+
+def test_bad_configuration_exits_with_one_message(tmp_path):
+    p = _run(["-m", "experiments.train", "aggregator=krum", "threat.n=6", f"hydra.run.dir={tmp_path / 'run'}"],
+             tmp_path)
+    assert p.returncode == 2
+    assert "error: Krum requires n >= 2f + 3 (Blanchard et al., NeurIPS 2017); got n=6, f=2." in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_sweep_skips_configurations_that_break_a_requirement(tmp_path):
+    p = _run(["-m", "experiments.train", "-m", "aggregator=krum,bulyan", "threat.n=6", "logger=none",
+              f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    reasons = [json.loads((tmp_path / "sweep" / str(i) / "skipped.json").read_text())["reason"] for i in (0, 1)]
+    assert reasons[0].startswith("Krum requires n >= 2f + 3") and reasons[1].startswith("Bulyan requires n >= 4f + 3")
+
+
+def test_torchrun_joins_its_group(tmp_path):
+    pytest.importorskip("torch.distributed.run")
+    run = tmp_path / "run"
+    p = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "experiments.train",
+              "threat.n=2", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=2", "trainer.eval_every=0",
+              "logger=none", "trainer.progress=false", f"hydra.run.dir={run}"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["steps"] == 2 and s["n"] == 2 and s["mode"] == "processes"
