@@ -6,7 +6,8 @@
   sequence number, length, dtype, digest of the previous aggregate), checked for
   desynchronisation; each submission then travels framed with its checksum.
 - :mod:`~robustagg.distributed.reduction`: the :class:`Reduction` contract and the registry of
-  modes; :mod:`~robustagg.distributed.gather` registers ``mode="gather"``.
+  modes; :mod:`~robustagg.distributed.gather` registers ``mode="gather"`` and
+  :mod:`~robustagg.distributed.sharded` registers ``mode="sharded"`` (coordinate slices).
 - :mod:`~robustagg.distributed.launch`: process-group start-up with timeouts and a spawner that
   stops the whole group when one worker fails.
 
@@ -22,12 +23,15 @@ Example (simulated, one process):
 from .comm import CollectiveError, CollectiveRecord, Communicator, LocalComm, ProcessGroupComm
 from .gather import GatherReduction
 from .header import Header, check_headers
-from .launch import (EnvRank, WorkerFailedError, default_backend, destroy_group, free_port, from_environment,
-                     init_group, spawn)
+from .launch import (EnvRank, TerminatedError, WorkerFailedError, default_backend, destroy_group, free_port,
+                     from_environment, init_group, raise_on_sigterm, spawn)
 from .reduction import (NonFinitePolicy, Reduced, Reduction, frame, make_reduction, reduction_modes, register_reduction,
                         unframe)
+from .sharded import ShardedReduced, ShardedReduction, supports_sharding
 
 __all__ = ["CollectiveError", "CollectiveRecord", "Communicator", "LocalComm", "ProcessGroupComm",
            "GatherReduction", "frame", "unframe", "Header", "check_headers", "EnvRank", "WorkerFailedError",
+           "TerminatedError", "raise_on_sigterm",
            "default_backend", "destroy_group", "free_port", "from_environment", "init_group", "spawn",
-           "NonFinitePolicy", "Reduced", "Reduction", "make_reduction", "reduction_modes", "register_reduction"]
+           "NonFinitePolicy", "Reduced", "Reduction", "make_reduction", "reduction_modes", "register_reduction",
+           "ShardedReduced", "ShardedReduction", "supports_sharding"]
