@@ -64,6 +64,10 @@ class Aggregator(abc.ABC):
     coordinatewise: ClassVar[bool] = False
     #: Largest tolerated fraction f/n, as text.
     breakdown_point: ClassVar[str] = ""
+    #: The kernel's float64 Gram pass already detects NaN/inf rows (on its diagonal) and raises
+    #: :class:`~robustagg.errors.NonFiniteInputError` naming them, so the call skips the separate
+    #: finiteness pass (about 0.7x the mean's time at d = 1e6).
+    gram_checks_finite: ClassVar[bool] = False
 
     def __init__(self, *, f: int = 0, strict: bool = True) -> None:
         self.f = check_f(f)
@@ -94,7 +98,8 @@ class Aggregator(abc.ABC):
     def __call__(self, x: Submissions) -> torch.Tensor:
         x = as_matrix(x)
         self.check(x.shape[0])
-        check_finite(x)
+        if not self.gram_checks_finite:
+            check_finite(x)
         return self._aggregate(x)
 
     @abc.abstractmethod

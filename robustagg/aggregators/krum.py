@@ -49,6 +49,7 @@ class Krum(Aggregator):
     """
 
     display_name = "Krum"
+    gram_checks_finite = True
     paper = "Blanchard et al., NeurIPS 2017"
     translation_equivariant = True
     selects_rows = True
@@ -104,6 +105,7 @@ class MultiKrum(Aggregator):
     """
 
     display_name = "Multi-Krum"
+    gram_checks_finite = True
     paper = "Blanchard et al., NeurIPS 2017"
     selects_rows = True
     breakdown_point = "(n-3)/(2n)"
@@ -160,7 +162,11 @@ class Bulyan(Aggregator):
     Note:
         Some public code keeps the beta values closest to the median computed with ``torch.median``
         (lower middle); here the median averages the two middles. One distance matrix serves every
-        selection round.
+        selection round. Not permutation invariant: the last rounds score with ``|R| - f - 2 <= 1``
+        neighbours (with 0 every remaining row scores 0 and the lowest index wins; with 1 the two
+        mutual nearest rows tie), so the selection, and the output, depend on the row order for
+        most inputs with ``f >= 1``. Among values at equal distance from the median, the one
+        selected first is kept first.
 
     Example:
         >>> import torch, robustagg as ra
@@ -170,7 +176,9 @@ class Bulyan(Aggregator):
     """
 
     display_name = "Bulyan"
+    gram_checks_finite = True
     paper = "El Mhamdi et al., ICML 2018"
+    permutation_invariant = False  # index tie-breaks in the last selection rounds (see Note)
     breakdown_point = "(n-3)/(4n)"
 
     def __init__(self, *, f: int = 0, strict: bool = True) -> None:

@@ -46,6 +46,7 @@ class MinimumDiameterAveraging(Aggregator):
     """
 
     display_name = "MDA"
+    gram_checks_finite = True
     paper = "El Mhamdi, Guerraoui, Rouault, ICLR 2021"
     selects_rows = True
     breakdown_point = "1/2"
@@ -68,7 +69,7 @@ class MinimumDiameterAveraging(Aggregator):
         return F.mda_select(F.pairwise_sq_distances(x), f).to(x.device)
 
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
-        return x[self._select(x)].mean(dim=0)
+        return F.distance.mean_of_rows(x, self._select(x))
 
     def _weights(self, x: torch.Tensor) -> torch.Tensor:
         return selection_weights(x.shape[0], self._select(x), x.device)

@@ -151,7 +151,7 @@ def aggregate_block(rule: Aggregator, xs: torch.Tensor, stats: SliceStatistics,
         f = min(rule.f, n - 1)
         if math.comb(n, f) > rule.max_subsets:
             raise ConfigError(f"MDA: C(n={n}, f={f}) subsets exceeds max_subsets={rule.max_subsets}.")
-        return xs[F.mda_select(stats.sq_dist(xs), f).to(xs.device)].mean(dim=0)
+        return F.distance.mean_of_rows(xs, F.mda_select(stats.sq_dist(xs), f))
     if isinstance(rule, GeometricMedian):
         extra = None if rule.init == "mean" else torch.zeros(1, xs.shape[1], dtype=xs.dtype, device=xs.device)
         g = stats.gram(xs, extra)

@@ -1,11 +1,21 @@
 """Pairwise squared distances and the distance-based kernels: Krum, Multi-Krum, Bulyan, NNM, MDA.
 
-Distances use the Gram identity ``||a - b||^2 = <a,a> + <b,b> - 2<a,b>`` on rows **centred on a
-robust row** and accumulated in float64, so that near-identical rows of large norm keep their
-precision and a huge but finite Byzantine row (1e20 in float32) neither overflows nor drags the
-honest rows' precision away. The centre is the row whose distance to the mean is the (lower) median
-of those distances: with f < n/2 outliers it lies among the bulk of the rows.
-Pairs whose float64 result is not finite (inputs beyond ~1e154) are recomputed directly with scaling.
+Distances use the Gram identity ``||a - b||^2 = <a,a> + <b,b> - 2<a,b>`` on a float64 Gram matrix
+accumulated in one pass over ``x`` (:func:`~robustagg.functional.gram.robust_gram`): uncentred when
+that is precise, else **centred on a central row** (the row whose distance to the mean is the lower
+median of those distances: with f < n/2 outliers it lies among the bulk of the rows), so that
+near-identical rows of large norm keep their precision and a huge but finite Byzantine row (1e20
+in float32) neither overflows nor drags the honest rows' precision away. Pairs whose float64
+result is not finite (inputs beyond ~1e154) are recomputed directly with scaling, and bitwise-equal
+rows get bitwise-equal distances (exact ties, broken by the lowest index as the rules define).
+
+Readable references: :func:`pairwise_sq_distances_reference` (the robust centre from two extra
+passes, ``torch.addmm`` in float64) and :func:`centered_gram_reference`. Selections made from the
+fast distances equal those from the references except where two candidates' scores differ by less
+than float64 rounding (about 1e-13 relatively), which exact ties never do.
+
+Outputs that average selected rows (Multi-Krum, NNM) sum exactly the rows the reference sums, in
+another order (a 0/1 or ``1/k`` weight vector times ``x``): they differ only by summation order.
 """
 
 from __future__ import annotations
@@ -15,8 +25,12 @@ import math
 
 import torch
 
+from ._alloc import empty_rows
+from .gram import gram, gram_to_sq_dist, robust_gram
+
 __all__ = ["robust_center_row", "centered_gram", "pairwise_sq_distances", "krum_scores", "krum",
-           "multi_krum", "bulyan_select", "bulyan", "nnm", "nnm_weights", "mda", "mda_select"]
+           "multi_krum", "bulyan_select", "bulyan", "nnm", "nnm_weights", "mda", "mda_select",
+           "centered_gram_reference", "pairwise_sq_distances_reference", "mean_of_rows"]
 
 #: Columns per chunk when casting to float64 for the Gram accumulation.
 _GRAM_CHUNK_ELEMENTS = 1 << 20
@@ -43,7 +57,23 @@ def _row_sq_dist_to(x: torch.Tensor, point64: torch.Tensor) -> torch.Tensor:
 
 
 def centered_gram(x: torch.Tensor, center: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
-    """Float64 Gram matrix ``G[i, j] = <a_i - c, a_j - c>`` computed by column chunks.
+    """Float64 Gram matrix ``G[i, j] = <a_i - c, a_j - c>`` computed by column chunks (fast path).
+
+    Same value as :func:`centered_gram_reference` up to float64 rounding (BLAS ``dsyrk`` on CPU).
+
+    Args:
+        x: ``(n, d)`` rows.
+        center: ``(d,)`` the centre ``c``.
+        extra: optional ``(k, d)`` rows appended after ``x`` (without copying ``x``).
+
+    Returns:
+        ``(n + k, n + k)`` float64 Gram matrix of the (augmented) rows centred on ``c``.
+    """
+    return gram(x, center, extra)
+
+
+def centered_gram_reference(x: torch.Tensor, center: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference for :func:`centered_gram`: float64 ``torch.addmm`` over column chunks.
 
     Args:
         x: ``(n, d)`` rows.
@@ -66,6 +96,7 @@ def centered_gram(x: torch.Tensor, center: torch.Tensor, extra: torch.Tensor | N
 
 
 def _gram_to_sq_dist(g: torch.Tensor) -> torch.Tensor:
+    g = (g + g.T) * 0.5  # BLAS need not give G[i, j] == G[j, i] bitwise; exact symmetry keeps exact ties
     sq = torch.diagonal(g)
     dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_(min=0.0)
     dist.fill_diagonal_(0.0)
@@ -76,10 +107,29 @@ def pairwise_sq_distances(x: torch.Tensor) -> torch.Tensor:
     """Squared Euclidean distances between rows: ``(n, d) -> (n, n)`` float64, zero diagonal.
 
     Exact to float64 rounding relative to the distances themselves for near-identical rows; finite
-    for any finite input (``inf`` only where the true value exceeds float64's range).
+    for any finite input (``inf`` only where the true value exceeds float64's range); bitwise-equal
+    rows have bitwise-equal rows of distances. One pass over ``x`` (two for near-identical rows of
+    large norm), see :func:`~robustagg.functional.gram.robust_gram`.
     """
+    g = robust_gram(x)
+    dist = gram_to_sq_dist(g)
+    _fix_overflow(x, dist)
+    _tie_exact_duplicates(x, dist, torch.diagonal(g))
+    return dist
+
+
+def pairwise_sq_distances_reference(x: torch.Tensor) -> torch.Tensor:
+    """Reference for :func:`pairwise_sq_distances`: centred on :func:`robust_center_row`, ``addmm``."""
     c = x[robust_center_row(x)]
-    dist = _gram_to_sq_dist(centered_gram(x, c))
+    g = centered_gram_reference(x, c)
+    dist = _gram_to_sq_dist(g)
+    _fix_overflow(x, dist)
+    _tie_exact_duplicates(x, dist, torch.diagonal(g))
+    return dist
+
+
+def _fix_overflow(x: torch.Tensor, dist: torch.Tensor) -> None:
+    """Recompute, from the differences with scaling, the pairs whose float64 result is not finite."""
     bad = (~torch.isfinite(dist)).nonzero().tolist()
     for i, j in bad:
         if i < j:
@@ -87,7 +137,30 @@ def pairwise_sq_distances(x: torch.Tensor) -> torch.Tensor:
             scale = diff.abs().max()
             val = (scale * scale * ((diff / scale) ** 2).sum()) if scale > 0 else diff.new_zeros(())
             dist[i, j] = dist[j, i] = torch.nan_to_num(val, nan=math.inf)
-    return dist
+
+
+def _tie_exact_duplicates(x: torch.Tensor, dist: torch.Tensor, sq_norms: torch.Tensor) -> None:
+    """Give bitwise-equal rows distance 0 and the distances of their first copy (exact ties, in place).
+
+    Rounding in the Gram identity can differ between two copies of a row; tie-breaks by lowest index
+    (Krum, Bulyan, NNM) need the copies to tie exactly. Candidates are pairs whose distance is
+    within the Gram identity's rounding of zero (``1e-9 (G_ii + G_jj)``, ``sq_norms`` the Gram
+    diagonal), confirmed with ``torch.equal``; a far outlier adds no candidates.
+    """
+    n = dist.shape[0]
+    scale = torch.nan_to_num(sq_norms.to(dist.dtype), nan=math.inf, posinf=math.inf)
+    near = (dist <= 1e-9 * (scale[:, None] + scale[None, :])).triu_(diagonal=1)
+    first = list(range(n))
+    for i, j in near.nonzero().tolist():
+        if first[i] == i and first[j] == j and torch.equal(x[i, :256], x[j, :256]) and torch.equal(x[i], x[j]):
+            first[j] = i
+    copies = [j for j in range(n) if first[j] != j]
+    if copies:
+        rep = torch.tensor(first, device=dist.device)
+        idx = torch.tensor(copies, device=dist.device)
+        dist[idx] = dist[rep[idx]]
+        dist[:, idx] = dist[:, rep[idx]]
+        dist[rep[:, None] == rep[None, :]] = 0.0
 
 
 def krum_scores(dist: torch.Tensor, f: int, candidates: torch.Tensor | None = None) -> torch.Tensor:
@@ -130,7 +203,18 @@ def multi_krum(x: torch.Tensor, f: int, m: int | None = None, dist: torch.Tensor
     m = n - f if m is None else m
     dist = pairwise_sq_distances(x) if dist is None else dist
     chosen = torch.sort(krum_scores(dist, f), stable=True).indices[:m]
-    return x[chosen.to(x.device)].mean(dim=0)
+    return mean_of_rows(x, chosen)
+
+
+def mean_of_rows(x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Mean of the rows ``chosen`` of ``x``: ``x[chosen].mean(0)`` without the gathered copy.
+
+    A 0/1 vector times ``x`` (one read of ``x``), divided by ``len(chosen)``: the same sum as the
+    gathered mean, in another order. Used by Multi-Krum and MDA; ``(n, d) -> (d,)``.
+    """
+    sel = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    sel[chosen.to(x.device)] = 1.0
+    return (sel @ x).div_(chosen.numel())
 
 
 def bulyan_select(dist: torch.Tensor, f: int, theta: int) -> torch.Tensor:
@@ -161,8 +245,8 @@ def bulyan(x: torch.Tensor, f: int, dist: torch.Tensor | None = None) -> torch.T
     n = x.shape[0]
     theta = n - 2 * f
     dist = pairwise_sq_distances(x) if dist is None else dist
-    sel = bulyan_select(dist, f, theta).to(x.device)
-    return meamed(x[sel], 2 * f)
+    sel = bulyan_select(dist, f, theta)
+    return meamed(x, 2 * f, rows=sel.tolist())  # on the selected rows, in selection order, no copy
 
 
 def nnm_weights(dist: torch.Tensor, f: int) -> torch.Tensor:
@@ -185,13 +269,13 @@ def nnm(x: torch.Tensor, f: int, dist: torch.Tensor | None = None) -> torch.Tens
     """Nearest Neighbour Mixing (Allouah et al., AISTATS 2023): ``(n, d) -> (n, d)``."""
     dist = pairwise_sq_distances(x) if dist is None else dist
     w = nnm_weights(dist, f).to(dtype=x.dtype, device=x.device)
-    return w @ x
+    return torch.mm(w, x, out=empty_rows(x.shape, x))
 
 
 def mda(x: torch.Tensor, f: int, max_subsets: int, dist: torch.Tensor | None = None) -> torch.Tensor:
     """Minimum-Diameter Averaging (El Mhamdi et al. 2020): mean of the ``n - f`` rows of smallest diameter."""
     dist = pairwise_sq_distances(x) if dist is None else dist
-    return x[mda_select(dist, f).to(x.device)].mean(dim=0)
+    return mean_of_rows(x, mda_select(dist, f))
 
 
 def mda_select(dist: torch.Tensor, f: int) -> torch.Tensor:
@@ -205,7 +289,7 @@ def mda_select(dist: torch.Tensor, f: int) -> torch.Tensor:
     best, best_diam = None, math.inf
     combos = itertools.combinations(range(n), k)
     while True:
-        batch = list(itertools.islice(combos, 4096))
+        batch = list(itertools.islice(combos, 1024))
         if not batch:
             break
         idx = torch.tensor(batch, dtype=torch.long)

@@ -51,7 +51,7 @@ class NNM(PreAggregator):
 
     def __init__(self, *, f: int = 0, strict: bool = True) -> None:
         super().__init__(f=f, strict=strict)
-        self.requirement = linear("NNM", 2, 1, self.paper)
+        self.requirement = linear("NNM", 2, 1, self.paper, kappa_formula="(8f/(n-f))(kappa_F + 1)")
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         return F.nnm(x, min(self.f, x.shape[0] - 1))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -54,8 +54,13 @@ class Pipeline(Aggregator):
         self.pre = list(pre)
         self.rule = rule
         self.translation_equivariant = rule.translation_equivariant and all(  # type: ignore[misc]
-            p.name in ("nnm",) for p in self.pre)
+            p.name in ("nnm", "bucketing") for p in self.pre)  # bucket means move with the rows
+        # a random permutation of the rows (Bucketing) depends on their order
+        self.permutation_invariant = rule.permutation_invariant and all(  # type: ignore[misc]
+            p.name != "bucketing" for p in self.pre)
         self.coordinatewise = False  # type: ignore[misc]
+        # NNM first: its Gram pass sees every input row, as the distance-based rules' does
+        self.gram_checks_finite = (self.pre[0].name == "nnm") if self.pre else rule.gram_checks_finite  # type: ignore[misc]
         self.name = ">".join([p.name for p in self.pre] + [rule.name])  # type: ignore[misc]
 
     def stages(self, n: int) -> list[tuple[Requirement, int, int]]:
@@ -70,9 +75,23 @@ class Pipeline(Aggregator):
 
     @property
     def requirement(self) -> Requirement:
+        """Every stage's requirement; the kappa bound where the literature composes one.
+
+        ``NNM(f)`` then a rule with ``kappa_F``: ``kappa <= (8f/(n-f)) (kappa_F + 1)`` (Allouah et al.,
+        AISTATS 2023, Thm. 1). Other compositions carry no kappa bound (``kappa_bound`` is nan).
+        """
         parts = [f"{r.rule}: {r.inequality}" for r, _, _ in self.stages(0)]
+        inner = self.rule.requirement.kappa
+        kappa: Callable[[int, int], float] | None = None
+        formula = None
+        if inner is not None and len(self.pre) == 1 and self.pre[0].name == "nnm" and self.pre[0].f == self.rule.f:
+            kappa_f: Callable[[int, int], float] = inner
+            kappa = lambda n, f: (8 * f / (n - f)) * (kappa_f(n, f) + 1)  # noqa: E731
+            formula = f"(8f/(n-f))(kappa_F + 1), kappa_F = {self.rule.requirement.kappa_formula}"
         return Requirement(" then ".join(p.display_name for p in self.pre + [self.rule]),  # type: ignore[operator]
-                           "; ".join(parts), lambda n, f: not [1 for r, m, g in self.stages(n) if not r.holds(m, g)])
+                           "; ".join(parts), lambda n, f: not [1 for r, m, g in self.stages(n) if not r.holds(m, g)],
+                           "Allouah et al., AISTATS 2023" if kappa is not None else "", kappa=kappa,
+                           kappa_formula=formula)
 
     def violations(self, n: int) -> list[str]:
         return [msg for r, m, g in self.stages(n) for msg in r.check(m, g)]

@@ -1,0 +1,208 @@
+"""Float64 Gram matrices of the rows in one pass over ``x``: the core of every distance-based rule.
+
+``G[i, j] = <r_i - c, r_j - c>`` for the rows ``r`` of ``x`` (plus optional extra rows) and a
+centre ``c``; squared distances follow as ``G_ii + G_jj - 2 G_ij`` and every Weiszfeld or
+centered-clipping iterate as a quadratic form in ``G`` (see :mod:`~robustagg.functional.weiszfeld`).
+
+Fast path (CPU): column chunks of ``x`` are converted to float64 in a cache-sized buffer (float32
+products are then exact, and float32 values above ~1.8e19, whose squares overflow float32, stay
+finite) and accumulated with ``numpy.matmul(B, B.T)``, for which NumPy calls the BLAS ``syrk``
+(half the work of a general product; faster here than PyTorch's float64 ``addmm`` for this
+wide-and-short shape). CUDA and other devices use ``torch.addmm`` in float64 on the same chunks.
+
+Precision (:func:`robust_gram`): the first pass uses no centre (``c = 0``). Its rounding error on
+``D_ij`` is about ``eps64 * (|x_i|^2 + |x_j|^2)``, negligible unless the rows are near-identical
+with a large norm. When the median squared row norm exceeds :data:`RHO_MAX` times the median
+pairwise squared distance, a second pass recomputes ``G`` centred on a central row, exactly as the
+reference does (``eps64 * |x_i - c|^2``). A huge Byzantine row (1e20 in float32) does not move
+either medians, so it neither triggers the second pass nor costs the honest rows any precision.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .._tensor import check_finite
+
+__all__ = ["gram", "robust_gram", "gram_to_sq_dist", "RHO_MAX", "GRAM_CHUNK_BYTES"]
+
+#: Largest accepted ratio (median squared row norm) / (median squared pairwise distance) for the
+#: uncentred first pass; above it the Gram is recomputed centred on a central row.
+RHO_MAX = 1e3
+#: Bytes of the float64 chunk buffer on CPU (measured best at 2-4 MiB: few BLAS calls, L3-resident).
+GRAM_CHUNK_BYTES = 3 << 20
+#: Elements per float64 chunk on CUDA.
+CUDA_GRAM_CHUNK_ELEMENTS = 1 << 24
+
+_blas_threads: Any = None  # threadpoolctl handle on NumPy's BLAS, or False when unavailable
+
+
+def _numpy_blas_controller() -> Any:
+    """threadpoolctl handle on NumPy's BLAS (found once), so that it uses torch's thread count."""
+    global _blas_threads
+    if _blas_threads is None:
+        try:
+            from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
+
+            root = np.__file__.rsplit("numpy", 1)[0]
+            libs = [lib for lib in ThreadpoolController().lib_controllers
+                    if lib.user_api == "blas" and lib.filepath.startswith(root + "numpy")]
+            _blas_threads = libs[0] if libs else False
+        except Exception:  # threadpoolctl missing or an unknown BLAS: leave NumPy's default
+            _blas_threads = False
+    return _blas_threads
+
+
+def _accumulate_chunks(x: torch.Tensor, extra: torch.Tensor | None, c64: torch.Tensor | None, buf: torch.Tensor,
+                       g: np.ndarray, part: np.ndarray, cross: np.ndarray, k: int) -> None:
+    n, d = x.shape
+    for start in range(0, d, k):
+        stop = min(start + k, d)
+        block = buf[:, :stop - start]
+        block[:n].copy_(x[:, start:stop])
+        if extra is not None:
+            block[n:].copy_(extra[:, start:stop])
+        if c64 is not None:
+            block.sub_(c64[start:stop])
+        b = block.numpy()
+        # NumPy calls BLAS syrk for a @ a.T (half a general product). The extra rows go through a
+        # separate small product: syrk is markedly slower when n + e is not a multiple of 4.
+        np.matmul(b[:n], b[:n].T, out=part)
+        g[:n, :n] += part
+        if extra is not None:
+            np.matmul(b, b[n:].T, out=cross)
+            g[:, n:] += cross
+
+
+def _gram_cpu(x: torch.Tensor, center: torch.Tensor | None, extra: torch.Tensor | None) -> torch.Tensor:
+    n, d = x.shape
+    e = 0 if extra is None else extra.shape[0]
+    m = n + e
+    budget = min(GRAM_CHUNK_BYTES, max(1 << 18, x.numel() * x.element_size() // 8))  # small inputs: small buffer
+    k = max(64, min(d, budget // (8 * m)))
+    buf = torch.empty(m, k, dtype=torch.float64)
+    c64 = None if center is None else center.detach().to(torch.float64)
+    g = np.zeros((m, m), dtype=np.float64)
+    part = np.empty((n, n), dtype=np.float64)
+    cross = np.empty((m, e), dtype=np.float64)
+    ctl = _numpy_blas_controller()
+    saved = ctl.num_threads if ctl else None
+    if ctl:
+        ctl.set_num_threads(torch.get_num_threads())
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # inf beyond ~1e154 is handled by the callers
+            _accumulate_chunks(x, extra, c64, buf, g, part, cross, k)
+    finally:
+        if ctl:
+            ctl.set_num_threads(saved)
+    if e:
+        g[n:, :n] = g[:n, n:].T
+    return torch.from_numpy(g)
+
+
+def _gram_torch(x: torch.Tensor, center: torch.Tensor | None, extra: torch.Tensor | None) -> torch.Tensor:
+    n, d = x.shape
+    m = n + (0 if extra is None else extra.shape[0])
+    g = torch.zeros(m, m, dtype=torch.float64, device=x.device)
+    c64 = None if center is None else center.to(torch.float64)
+    k = max(1, min(d, min(CUDA_GRAM_CHUNK_ELEMENTS, max(1 << 16, x.numel() * x.element_size() // 32)) // m))
+    buf = torch.empty(m, k, dtype=torch.float64, device=x.device)
+    for start in range(0, d, k):
+        stop = min(start + k, d)
+        block = buf[:, :stop - start]
+        block[:n].copy_(x[:, start:stop])
+        if extra is not None:
+            block[n:].copy_(extra[:, start:stop])
+        if c64 is not None:
+            block.sub_(c64[start:stop])
+        g.addmm_(block, block.T)
+    return g
+
+
+def gram(x: torch.Tensor, center: torch.Tensor | None = None, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """Float64 Gram matrix ``G[i, j] = <r_i - c, r_j - c>`` of the rows of ``x`` then ``extra``.
+
+    Args:
+        x: ``(n, d)`` floating rows (any dtype, any device; never copied whole).
+        center: ``(d,)`` centre ``c``, or None for ``c = 0``.
+        extra: optional ``(e, d)`` rows appended after ``x``.
+
+    Returns:
+        ``(n + e, n + e)`` float64, exactly symmetric, on ``x.device``.
+    """
+    g = _gram_cpu(x, center, extra) if x.device.type == "cpu" else _gram_torch(x, center, extra)
+    return (g + g.T) * 0.5  # exactly symmetric (a general product need not be); no-op on a symmetric g
+
+
+def gram_to_sq_dist(g: torch.Tensor) -> torch.Tensor:
+    """Squared distances ``G_ii + G_jj - 2 G_ij`` (clamped at 0, zero diagonal) from a Gram matrix."""
+    g = (g + g.T) * 0.5  # exact symmetry (a general matrix product need not give it), exact ties stay exact
+    sq = torch.diagonal(g)
+    dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_(min=0.0)
+    dist.fill_diagonal_(0.0)
+    return dist
+
+
+def _lower_median(v: torch.Tensor) -> float:
+    return float(torch.sort(v).values[(v.numel() - 1) // 2]) if v.numel() else 0.0
+
+
+def central_row_from_gram(g: torch.Tensor, n: int) -> int:
+    """Row (among the first ``n``) whose squared distance to the rows' mean is the lower median.
+
+    The same choice as :func:`~robustagg.functional.distance.robust_center_row`, from a Gram matrix
+    (with any centre) instead of a pass over the data.
+    """
+    if n <= 2:
+        return 0
+    gx = g[:n, :n]
+    r = torch.diagonal(gx) - 2.0 * gx.mean(dim=1) + gx.mean()
+    r = torch.nan_to_num(r, nan=math.inf)
+    return int(torch.sort(r, stable=True).indices[(n - 1) // 2])
+
+
+def robust_gram(x: torch.Tensor, extra: torch.Tensor | None = None,
+                reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Float64 Gram matrix of ``[x; extra]`` precise enough for every distance-based rule.
+
+    One uncentred pass; a second pass centred on :func:`central_row_from_gram` when the rows are
+    near-identical relative to their norm (ratio above :data:`RHO_MAX`, see the module docstring).
+    Any centre gives the same distances and Weiszfeld iterates in exact arithmetic; only rounding
+    differs.
+
+    Args:
+        x: ``(n, d)`` finite rows.
+        extra: optional ``(e, d)`` rows appended after ``x`` (e.g. a starting point).
+        reduce: for coordinate-sharded rows, sums each partial Gram over the shards (e.g. an
+            all-reduce); every decision is then taken on the global Gram, identically on every
+            shard. The finiteness check is left to the caller in that case.
+
+    Returns:
+        ``(n + e, n + e)`` float64 Gram matrix (of the rows minus some centre).
+
+    Raises:
+        NonFiniteInputError: a row of ``x`` holds NaN or inf (seen for free on the Gram diagonal,
+            so callers of the distance-based kernels need no separate finiteness pass).
+    """
+    n = x.shape[0]
+    g = gram(x, None, extra)
+    if reduce is not None:
+        g = reduce(g)
+    elif not bool(torch.isfinite(torch.diagonal(g)[:n]).all()):
+        check_finite(x)  # NaN/inf rows raise NonFiniteInputError here; finite rows past 1e154 go on
+    if n < 2:
+        return g
+    dist = gram_to_sq_dist(g[:n, :n])
+    off = dist[~torch.eye(n, dtype=torch.bool, device=dist.device)]
+    norm2 = _lower_median(torch.diagonal(g)[:n])
+    spread = _lower_median(off)
+    if not (math.isfinite(norm2) and math.isfinite(spread)) or norm2 > RHO_MAX * spread:
+        c = x[central_row_from_gram(g, n)]
+        g = gram(x, c, extra)
+        if reduce is not None:
+            g = reduce(g)
+    return g
