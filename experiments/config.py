@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
-__all__ = ["Mode", "Partition", "DataName", "ByzantineData", "ThreatConf", "DataConf", "ModelConf", "TrainerConf",
-           "LoggerConf", "TrainConfig", "register_configs"]
+__all__ = ["Mode", "Partition", "DataName", "ByzantineData", "ThreatConf", "DataConf", "ModelConf", "CheckpointConf",
+           "TrainerConf", "FaultConf", "LoggerConf", "TrainConfig", "register_configs"]
 
 
 class Mode(str, enum.Enum):
@@ -123,6 +123,22 @@ class ModelConf:
 
 
 @dataclass
+class CheckpointConf:
+    """Committed checkpoints (see ``docs/howto/resume.md``).
+
+    Attributes:
+        every: write a committed checkpoint after every K steps and at the end (0: none).
+        dir: the checkpoint folder, shared by every rank (``null``: ``<run dir>/checkpoints``).
+            It also holds ``lineage.jsonl`` and the fired-faults log ``faults.jsonl``.
+        keep: committed checkpoints kept (older ones are pruned after a newer one commits).
+    """
+
+    every: int = 0
+    dir: Optional[str] = None
+    keep: int = 3
+
+
+@dataclass
 class TrainerConf:
     """The training loop and its transport.
 
@@ -133,7 +149,8 @@ class TrainerConf:
         worker_momentum: beta of each worker's momentum (0 = off).
         eval_every: evaluate on the test set every K steps (and at the end).
         param_check_every: compare a parameter digest across ranks every K steps (and at the end).
-        reduction: the robust reduction mode (``gather``).
+        reduction: the robust reduction mode: ``auto`` (``sharded`` where the rule supports it, else
+            ``gather``), ``gather`` or ``sharded``.
         on_nonfinite: ``abort`` or ``drop`` a non-finite submission.
         backend: ``auto`` (gloo on CPU, nccl on CUDA), ``gloo`` or ``nccl``.
         device: ``auto``, ``cpu`` or ``cuda``.
@@ -147,6 +164,19 @@ class TrainerConf:
         callbacks: ``_target_`` nodes instantiated in every worker process; each instance is
             called as ``cb(trainer, step_output)`` after every step on every rank (custom logging,
             fault injection in tests).
+        checkpoint: see :class:`CheckpointConf`.
+        resume: ``auto`` (continue from the newest committed checkpoint in ``checkpoint.dir`` that
+            verifies, if any), ``never`` (start fresh; refused when the folder already holds
+            checkpoints), or the path of one checkpoint folder.
+        max_restarts: how often the app's launcher restarts the worker group after a failure
+            (each restart restores the newest committed checkpoint). Under torchrun, torchrun's
+            ``--max-restarts`` is used instead.
+        on_failure: ``restart`` (the same n workers) or ``shrink`` (continue without the lost
+            workers if the rule's requirement still holds for the survivors and the declared f).
+        shrink_shards: after a shrink, the lost workers' data is ``drop``-ped or
+            ``redistribute``-d round-robin over the survivors.
+        straggler_factor: a rank whose compute time exceeds this many times the step's median
+            (and 50 ms) is reported as a straggler.
     """
 
     mode: Mode = Mode.processes
@@ -160,7 +190,7 @@ class TrainerConf:
     worker_momentum: float = 0.0
     eval_every: int = 50
     param_check_every: int = 100
-    reduction: str = "gather"
+    reduction: str = "auto"
     on_nonfinite: str = "abort"
     backend: str = "auto"
     device: str = "auto"
@@ -172,6 +202,37 @@ class TrainerConf:
     progress: bool = True
     metrics: bool = True
     callbacks: List[Any] = field(default_factory=list)
+    checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
+    resume: str = "auto"
+    max_restarts: int = 0
+    on_failure: str = "restart"
+    shrink_shards: str = "drop"
+    straggler_factor: float = 10.0
+
+
+@dataclass
+class FaultConf:
+    """One injected fault (``conf/faults/``; see :class:`robustagg.training.Fault`).
+
+    Attributes:
+        kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``checkpoint_crash`` or
+            ``checkpoint_corrupt``.
+        rank: the worker it hits. step: the 1-based step (checkpoint kinds: the checkpoint's step).
+        where, how: ``crash``: ``before_step``/``after_reduce``/``after_step``; ``sigkill``/``exit``.
+        seconds: ``hang``. mode: ``desync`` (``skip``/``reorder``). bits: ``corrupt``.
+        phase: ``checkpoint_crash`` (``files``/``commit``). file: ``checkpoint_corrupt``.
+    """
+
+    kind: str = MISSING
+    rank: int = 0
+    step: int = 1
+    where: str = "before_step"
+    how: str = "sigkill"
+    seconds: float = 1.0
+    mode: str = "skip"
+    bits: int = 1
+    phase: str = "files"
+    file: str = ""
 
 
 @dataclass
@@ -195,6 +256,8 @@ class TrainConfig:
         strict: ``false`` lets a run break a requirement on purpose (warned, recorded as
             ``assumption/violated``).
         out_dir: where run files go (``null``: Hydra's run directory, or the working directory).
+        faults: injected faults by name (``faults=[crash,desync]`` selects files of ``conf/faults/``;
+            each file adds one named entry). Each fires once per run.
     """
 
     threat: ThreatConf = field(default_factory=ThreatConf)
@@ -208,6 +271,7 @@ class TrainConfig:
     seed: int = 0
     strict: bool = True
     out_dir: Optional[str] = None
+    faults: Dict[str, Any] = field(default_factory=dict)  # each entry is checked against FaultConf
 
 
 def register_configs() -> None:

@@ -14,7 +14,12 @@ run files there). In a sweep, a configuration that breaks a requirement is skipp
 in its run directory's ``skipped.json``.
 
 Run files (in Hydra's run directory): ``metrics.jsonl`` (one record per step and per
-evaluation), ``summary.json``, ``model.safetensors``, ``config_resolved.yaml``.
+evaluation), ``summary.json``, ``model.safetensors``, ``config_resolved.yaml``; with fault
+tolerance on (``docs/howto/resume.md``) also ``checkpoints/`` (committed checkpoints,
+``lineage.jsonl``, ``faults.jsonl``), ``evidence/rank-<r>.json`` after a failure and
+``detections.jsonl``. Fault tolerance in one line::
+
+    python -m experiments.train trainer.checkpoint.every=50 trainer.max_restarts=2 'faults=[crash]'
 """
 
 from __future__ import annotations
@@ -72,8 +77,10 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
         and the run's setting. Under torchrun, ranks other than 0 return ``{}``.
 
     Raises:
-        ConfigError, AssumptionError: a bad configuration, before any process starts.
-        WorkerFailedError: a worker process failed; the whole group was stopped.
+        ConfigError, AssumptionError: a bad configuration, before any process starts (or an elastic
+            shrink that would break the rule's requirement).
+        WorkerFailedError: a worker process failed and no restart was left; the whole group was
+            stopped (the survivors' evidence is in ``evidence/``).
         RobustAggError: in simulated mode, what the step raised (desync, integrity, ...).
     """
     from robustagg.distributed import from_environment

@@ -4,14 +4,18 @@
 message *before any worker process starts*: a misspelt key, an unknown rule or attack (the
 available ones are listed), the rule's requirement for this ``n`` and ``f``, more actual Byzantine
 workers than the declared ``f`` without ``strict=false``, an attack that cannot run in this
-setting, or a partition that leaves a worker without data. It returns a picklable :class:`Plan`
-that every worker turns into objects with the ``build_*`` functions.
+setting, or a partition that leaves a worker without data, or faults and fault-tolerance settings
+that cannot work (a fault on a worker or step that does not exist, a checkpoint fault without
+checkpoints, ``resume=never`` on a folder that holds checkpoints). It returns a picklable
+:class:`Plan` that every worker turns into objects with the ``build_*`` functions
+(:mod:`experiments.recovery` derives the plan of an elastic shrink).
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
@@ -25,9 +29,9 @@ from robustagg.aggregators.base import Aggregator
 from robustagg.distributed import reduction_modes
 from robustagg.errors import AssumptionError, AssumptionWarning, ConfigError, RobustAggError
 from robustagg.preaggregation.base import PreAggregator
-from robustagg.training import ByzantineBehaviour
+from robustagg.training import ByzantineBehaviour, Fault
 
-from .config import Mode, TrainConfig
+from .config import FaultConf, Mode, TrainConfig
 from .data import DataBundle, build_data
 from .models import build_model
 
@@ -56,6 +60,11 @@ def as_config(cfg: Any) -> DictConfig:
         base = OmegaConf.structured(TrainConfig)
         merged = OmegaConf.merge(base, cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg))
         OmegaConf.resolve(merged)
+        for name in list(merged.faults):
+            node = merged.faults[name]
+            if not isinstance(node, DictConfig):
+                raise ConfigError(f"faults.{name} must be a mapping with a kind (see conf/faults/); got {node!r}.")
+            merged.faults[name] = OmegaConf.merge(OmegaConf.structured(FaultConf), node)
         return merged  # type: ignore[return-value]
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid configuration: {exc}".replace("\n", " ").strip()) from None
@@ -170,6 +179,12 @@ class Plan:
             workers than ``f``, on purpose (``strict=false``).
         data: the partitioned data set. device, backend: where and how processes talk.
         out_dir: the run directory.
+        run_id: a random id of the run (kept across restarts). identities: the worker id (rank in
+            the original group) of every rank; ``range(n)`` until an elastic shrink.
+        faults: the injected faults. ckpt_dir: the checkpoint folder (resolved).
+        config_hash: SHA-256 of the configuration that determines the trajectory.
+        code_revision: the git commit of the code (or the package version).
+        n_initial: the number of workers the run started with.
     """
 
     cfg: dict[str, Any]
@@ -185,6 +200,13 @@ class Plan:
     out_dir: str
     violations: list[str] = field(default_factory=list)
     assumption_violated: bool = False
+    run_id: str = ""
+    identities: tuple[int, ...] = ()
+    faults: list[Fault] = field(default_factory=list)
+    ckpt_dir: str = ""
+    config_hash: str = ""
+    code_revision: str = ""
+    n_initial: int = 0
 
     def config(self) -> DictConfig:
         """:attr:`cfg` as a DictConfig."""
@@ -248,6 +270,14 @@ def _trainer_checks(cfg: DictConfig) -> None:
          f"trainer.start_method must be auto, spawn, forkserver or fork; got {tr.start_method!r}."),
         (float(tr.collective_timeout_s) > 0, f"trainer.collective_timeout_s must be > 0; got {tr.collective_timeout_s}."),
         (str(cfg.logger.name) in ("wandb", "none"), f"logger must be wandb or none; got {cfg.logger.name!r}."),
+        (int(tr.checkpoint.every) >= 0, f"trainer.checkpoint.every must be >= 0 steps; got {tr.checkpoint.every}."),
+        (int(tr.checkpoint.keep) >= 1, f"trainer.checkpoint.keep must be >= 1; got {tr.checkpoint.keep}."),
+        (int(tr.max_restarts) >= 0, f"trainer.max_restarts must be >= 0; got {tr.max_restarts}."),
+        (str(tr.on_failure) in ("restart", "shrink"), f"trainer.on_failure must be restart or shrink; got {tr.on_failure!r}."),
+        (str(tr.shrink_shards) in ("drop", "redistribute"),
+         f"trainer.shrink_shards must be drop or redistribute; got {tr.shrink_shards!r}."),
+        (float(tr.straggler_factor) > 1, f"trainer.straggler_factor must be > 1; got {tr.straggler_factor}."),
+        (str(tr.resume) != "", "trainer.resume must be auto, never or a checkpoint folder; got an empty string."),
     ]
     for ok, msg in checks:
         if not ok:
@@ -335,11 +365,20 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     if env is not None and Mode(cfg.trainer.mode) is Mode.processes and env.world_size != n:
         raise ConfigError(f"torchrun started {env.world_size} processes but threat.n={n}; one process per worker "
                           f"is needed (torchrun --nproc-per-node ... with a total of {n}).")
+    from .recovery import check_faults, checkpoint_dir, code_revision, config_hash
+
+    plan.faults = check_faults(cfg, n, under_torchrun=env is not None)
+    plan.ckpt_dir = checkpoint_dir(cfg, str(out_dir))
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     assert isinstance(container, dict)
     plan.cfg = {str(k): v for k, v in container.items()}
     plan.violations = list(violations) + notes
     plan.assumption_violated = bool(_hard_violations(rule, n)) or b > f
+    plan.run_id = uuid.uuid4().hex[:12]
+    plan.identities = tuple(range(n))
+    plan.n_initial = n
+    plan.config_hash = config_hash(plan.cfg)
+    plan.code_revision = code_revision()
     return plan
 
 

@@ -7,7 +7,9 @@ Layout under ``root``::
         rank-0.pt ... rank-<w-1>.pt  per-rank state (RNG, data position, momentum)
         manifest.json              written last: format, run id, step, world, roles, hashes, lineage
     root/LATEST                    the name of the newest committed checkpoint (atomic replace)
-    root/lineage.jsonl             one record per restore (from, replayed steps, why)
+    root/lineage.jsonl             one record per restore or shrink (from, replayed steps, why)
+    root/faults.jsonl              faults fired so far (fault injection fires each one once per run)
+    root/step-00000048.rejected-1/ a newer checkpoint set aside on restore (it failed verification)
 
 A checkpoint is **committed** iff its manifest exists and every file it lists has the recorded
 size and SHA-256. Everything newer is ignored on restore; a damaged one is skipped in favour of the
@@ -24,20 +26,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from .errors import CheckpointError
 
 __all__ = ["FORMAT_VERSION", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state", "sha256_file",
-           "Checkpoint", "CheckpointStore"]
+           "append_jsonl", "read_jsonl", "Checkpoint", "CheckpointStore"]
 
 FORMAT_VERSION = 1
+_COMMITTED = re.compile(r"^step-\d{8}$")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -92,6 +96,36 @@ def load_state(path: Path) -> Any:
         raise CheckpointError(f"checkpoint file {path} is missing.") from None
     except Exception as exc:  # pickle errors, UnpicklingError from the weights-only unpickler, EOF
         raise CheckpointError(f"refusing to load {path}: {type(exc).__name__}: {str(exc)[:300]}") from None
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON object as a line to ``path`` (created if missing) and fsync it.
+
+    A line is appended with one ``write`` call on a file opened for appending, so concurrent
+    appenders on one machine do not interleave within a line.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON line of ``path`` (``[]`` when it does not exist; a torn last line is skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
 
 
 def sha256_file(path: Path) -> str:
@@ -163,7 +197,8 @@ class CheckpointStore:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def commit(self, step: int, meta: dict[str, Any], expected_files: list[str]) -> Checkpoint:
+    def commit(self, step: int, meta: dict[str, Any], expected_files: list[str],
+               before_rename: Optional[Callable[[Path], None]] = None) -> Checkpoint:
         """Phase two (rank 0, after a barrier): hash the files, write the manifest last, rename, LATEST.
 
         Args:
@@ -171,6 +206,8 @@ class CheckpointStore:
             meta: manifest fields (run id, world size, roles, config hash, code revision, parent,
                 restart count, replayed ranges...).
             expected_files: every file the staging folder must hold.
+            before_rename: called with the staging folder after the manifest is written and before
+                the rename that commits it (fault injection: a crash here leaves it uncommitted).
 
         Raises:
             CheckpointError: a listed file is missing from the staging folder.
@@ -182,6 +219,8 @@ class CheckpointStore:
         files = {f: {"size": (staging / f).stat().st_size, "sha256": sha256_file(staging / f)} for f in expected_files}
         manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files, "committed_at": time.time(), **meta}
         atomic_write_json(staging / "manifest.json", manifest)
+        if before_rename is not None:
+            before_rename(staging)
         final = self.root / self.name(step)
         if final.exists():
             shutil.rmtree(final)
@@ -192,15 +231,48 @@ class CheckpointStore:
         return Checkpoint(final, manifest)
 
     def _committed_dirs(self) -> list[Path]:
-        return sorted((p for p in self.root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp")),
+        return sorted((p for p in self.root.glob("step-*") if p.is_dir() and _COMMITTED.match(p.name)),
                       key=lambda p: p.name, reverse=True)
+
+    def candidates(self) -> list[Path]:
+        """Folders that may hold a committed checkpoint, newest first (not yet verified)."""
+        return self._committed_dirs()
+
+    def clean_staging(self) -> list[str]:
+        """Remove every uncommitted ``step-N.tmp/`` folder (left by a crash mid-write); their names."""
+        gone = []
+        for p in sorted(self.root.glob("step-*.tmp")):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+                gone.append(p.name)
+        return gone
+
+    def reject(self, path: Path) -> Path:
+        """Set a checkpoint folder aside as ``<name>.rejected-<k>`` (kept for inspection, never a candidate)."""
+        path = Path(path)
+        k = 1
+        while (dest := path.with_name(f"{path.name}.rejected-{k}")).exists():
+            k += 1
+        os.replace(path, dest)
+        _fsync_dir(self.root)
+        return dest
+
+    def set_latest(self, name: str) -> None:
+        """Point ``LATEST`` at ``name`` (atomic replace)."""
+        atomic_write_bytes(self.root / "LATEST", (name + "\n").encode())
 
     def _prune(self) -> None:
         for old in self._committed_dirs()[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def verify(self, path: Path) -> list[str]:
-        """Problems that keep ``path`` from being a committed checkpoint (empty list: it verifies)."""
+    def verify(self, path: Path, names: Optional[list[str]] = None) -> list[str]:
+        """Problems that keep ``path`` from being a committed checkpoint (empty list: it verifies).
+
+        Args:
+            path: the checkpoint folder.
+            names: check only these listed files (a rank verifying its own files); a name the
+                manifest does not list is a problem. ``None``: every listed file.
+        """
         mpath = Path(path) / "manifest.json"
         if not mpath.is_file():
             return [f"{Path(path).name}: no manifest (never committed)"]
@@ -211,7 +283,13 @@ class CheckpointStore:
         if manifest.get("format_version") != FORMAT_VERSION:
             return [f"{Path(path).name}: format {manifest.get('format_version')} != {FORMAT_VERSION}"]
         problems = []
-        for name, info in manifest.get("files", {}).items():
+        listed = manifest.get("files", {})
+        wanted = list(listed) if names is None else list(names)
+        for name in wanted:
+            if name not in listed:
+                problems.append(f"{Path(path).name}/{name}: not in the manifest")
+                continue
+            info = listed[name]
             f = Path(path) / name
             if not f.is_file():
                 problems.append(f"{Path(path).name}/{name}: missing")
@@ -248,14 +326,8 @@ class CheckpointStore:
 
     def append_lineage(self, record: dict[str, Any]) -> None:
         """Append one JSON line to ``lineage.jsonl`` (fsynced)."""
-        with open(self.root / "lineage.jsonl", "a") as fh:
-            fh.write(json.dumps(record, sort_keys=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_jsonl(self.root / "lineage.jsonl", record)
 
     def lineage(self) -> list[dict[str, Any]]:
         """Every lineage record so far (oldest first)."""
-        path = self.root / "lineage.jsonl"
-        if not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_jsonl(self.root / "lineage.jsonl")

@@ -127,7 +127,7 @@ def test_other_refusals_before_launch(monkeypatch):
         validate(_compose(["aggregator=mean", "threat.n=4", "threat.f=3", *FAST]))
     with pytest.raises(ConfigError, match="threat.byzantine=4 leaves no honest worker"):
         validate(_compose(["threat.n=4", "threat.f=4", "aggregator=mean", *FAST]))
-    with pytest.raises(ConfigError, match="trainer.reduction must be one of gather"):
+    with pytest.raises(ConfigError, match="trainer.reduction must be one of auto, gather, sharded"):
         validate(_compose(["trainer.reduction=nope", *FAST]))
     with pytest.raises(ConfigError, match="model=cnn needs image data"):
         validate(_compose(["model=cnn", "data=synthetic", *FAST]))

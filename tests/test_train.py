@@ -94,7 +94,11 @@ def test_simulated_equals_multiprocess_bit_for_bit(tmp_path):
     common = ["threat.n=5", "threat.f=1", "aggregator=centered_clipping", "aggregator.tau=0.5", "attack=mimic",
               "model.dropout=0.3",
               "trainer.steps=6", "trainer.eval_every=3", "trainer.worker_momentum=0.9", "trainer.momentum=0.5",
-              "trainer.scheduler=cosine", "data.partition=dirichlet", "data.alpha=0.5"]
+              "trainer.scheduler=cosine", "data.partition=dirichlet", "data.alpha=0.5",
+              # gather: both modes then compute the metrics from the same matrix (sharded runs derive
+              # them from all-reduced moments, equal to float64 rounding; their parameters are
+              # compared bit for bit in tests/test_sharded.py)
+              "trainer.reduction=gather"]
     a = train(_cfg(*common, "trainer.mode=simulated"), out_dir=tmp_path / "sim", quiet=True)
     b = train(_cfg(*common, "trainer.mode=processes"), out_dir=tmp_path / "proc", quiet=True)
     wa, wb = load_file(str(tmp_path / "sim" / "model.safetensors")), load_file(str(tmp_path / "proc" / "model.safetensors"))

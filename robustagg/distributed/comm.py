@@ -6,6 +6,12 @@ a :class:`LocalComm` hosts all of them in one process (the simulated mode). Both
 ``all_gather`` over a mapping ``{worker rank: tensor}`` of the workers they host, so the training
 step is written once and runs unchanged in both modes. Every call increments :attr:`seq`, the
 collective sequence number that headers carry so desynchronised ranks are caught.
+
+Control-plane agreement (checkpoint commits, the choice of a checkpoint to restore) uses
+:meth:`Communicator.vote`: one integer per process, *not* counted in :attr:`seq`, so writing or
+restoring a checkpoint leaves the data-plane sequence exactly where an uninterrupted run has it.
+Both kinds of call are recorded (:attr:`Communicator.last`, :attr:`Communicator.last_completed`)
+for the failure evidence: group id, sequence number, op, shape, dtype, start time and deadline.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ class CollectiveRecord:
     Attributes:
         seq: its sequence number; op: its name; shape and dtype: of the local tensor;
         started: ``time.time()`` at its start; finished: at its end, or ``None`` while in flight.
+        group: the communicator's :attr:`~Communicator.group_id`.
+        deadline: ``started + timeout`` (``time.time()`` seconds) when the group has a collective
+            timeout, else ``None``.
     """
 
     seq: int
@@ -46,6 +55,14 @@ class CollectiveRecord:
     dtype: str
     started: float
     finished: Optional[float] = None
+    group: str = ""
+    deadline: Optional[float] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict (``in_flight`` is true while ``finished`` is ``None``)."""
+        return {"group": self.group, "seq": self.seq, "op": self.op, "shape": list(self.shape), "dtype": self.dtype,
+                "started": self.started, "finished": self.finished, "deadline": self.deadline,
+                "in_flight": self.finished is None}
 
 
 class Communicator(abc.ABC):
@@ -57,7 +74,11 @@ class Communicator(abc.ABC):
         local_ranks: the worker ranks this process hosts, ascending.
         device: where exchanged tensors live.
         seq: number of collectives issued so far (all ranks must agree).
-        last: the last :class:`CollectiveRecord`, or ``None``.
+        last: the last :class:`CollectiveRecord` started (still in flight when its ``finished``
+            is ``None``), or ``None``.
+        last_completed: the last :class:`CollectiveRecord` that finished, or ``None``.
+        group_id: a name for the group in evidence (e.g. ``"<run id>/attempt-1"``).
+        timeout_s: the group's collective timeout in seconds (``None``: unknown or none).
     """
 
     world_size: int
@@ -68,6 +89,40 @@ class Communicator(abc.ABC):
     def __init__(self) -> None:
         self.seq = 0
         self.last: Optional[CollectiveRecord] = None
+        self._completed: Optional[CollectiveRecord] = None
+        self.group_id = ""
+        self.timeout_s: Optional[float] = None
+
+    @property
+    def last_completed(self) -> Optional[CollectiveRecord]:
+        """The last collective that finished (also when a mode records :attr:`last` itself)."""
+        if self.last is not None and self.last.finished is not None:
+            return self.last
+        return self._completed
+
+    @property
+    def num_processes(self) -> int:
+        """Number of processes in the group (``world_size`` for a process group, 1 in one process)."""
+        return self.world_size
+
+    def begin_record(self, op: str, shape: tuple[int, ...], dtype: str) -> CollectiveRecord:
+        """Record the start of a collective (``seq`` as it stands, group id, deadline) as :attr:`last`.
+
+        Modes that issue their own ``torch.distributed`` calls (e.g. ``sharded``) call this and
+        :meth:`end_record` around each one, so failure evidence names the collective in flight.
+        """
+        if self.last is not None and self.last.finished is not None:
+            self._completed = self.last
+        now = time.time()
+        deadline = None if self.timeout_s is None else now + float(self.timeout_s)
+        self.last = CollectiveRecord(self.seq, op, shape, dtype, now, None, self.group_id, deadline)
+        return self.last
+
+    def end_record(self, rec: CollectiveRecord) -> None:
+        """Mark the collective ``rec`` (from :meth:`begin_record`) finished now."""
+        done = CollectiveRecord(rec.seq, rec.op, rec.shape, rec.dtype, rec.started, time.time(), rec.group,
+                                rec.deadline)
+        self.last = self._completed = done
 
     @property
     def is_main(self) -> bool:
@@ -94,11 +149,38 @@ class Communicator(abc.ABC):
         if any(t.shape != first.shape or t.dtype != first.dtype for t in local.values()):
             raise ShapeError("all_gather: every hosted worker must pass the same shape and dtype.")
         self.seq += 1
-        self.last = CollectiveRecord(self.seq, "all_gather", tuple(first.shape), str(first.dtype), time.time())
+        rec = self.begin_record("all_gather", tuple(first.shape), str(first.dtype))
         out = self._all_gather(local)
-        self.last = CollectiveRecord(self.seq, "all_gather", tuple(first.shape), str(first.dtype),
-                                     self.last.started, time.time())
+        self.end_record(rec)
         return out
+
+    def vote(self, value: int, *, op: str) -> list[int]:
+        """Control-plane agreement: every process contributes one integer; all get the list.
+
+        Not counted in :attr:`seq` (checkpoint and restore protocols must not shift the data-plane
+        sequence numbers a resumed run compares), but recorded in :attr:`last` as ``vote:<op>``.
+
+        Args:
+            value: this process's value (fits an int64).
+            op: what the vote is about (for evidence), e.g. ``"checkpoint-files"``.
+
+        Returns:
+            one value per process, in process-rank order (length :attr:`num_processes`).
+
+        Raises:
+            CollectiveError: the collective failed or timed out.
+
+        Example:
+            >>> LocalComm(3).vote(7, op="demo")  # one process hosts every worker
+            [7]
+        """
+        rec = self.begin_record(f"vote:{op}", (1,), "torch.int64")
+        out = self._vote(int(value))
+        self.end_record(rec)
+        return out
+
+    def _vote(self, value: int) -> list[int]:
+        return [value]
 
     @abc.abstractmethod
     def _all_gather(self, local: Mapping[int, torch.Tensor]) -> torch.Tensor:
@@ -134,12 +216,15 @@ class ProcessGroupComm(Communicator):
     Args:
         group: the process group (``None``: the default group, which must be initialised).
         device: device of the exchanged tensors (CUDA for NCCL, CPU for gloo).
+        timeout_s: the group's collective timeout (recorded as each collective's deadline).
+        group_id: a name for the group in failure evidence.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
     """
 
-    def __init__(self, group: Optional[Any] = None, device: torch.device | str = "cpu") -> None:
+    def __init__(self, group: Optional[Any] = None, device: torch.device | str = "cpu", *,
+                 timeout_s: Optional[float] = None, group_id: str = "") -> None:
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("ProcessGroupComm needs an initialised process group "
@@ -149,6 +234,8 @@ class ProcessGroupComm(Communicator):
         self.rank = dist.get_rank(group)
         self.local_ranks = (self.rank,)
         self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        self.group_id = group_id
 
     def _all_gather(self, local: Mapping[int, torch.Tensor]) -> torch.Tensor:
         t = local[self.rank].to(self.device).contiguous()
@@ -159,6 +246,15 @@ class ProcessGroupComm(Communicator):
             raise CollectiveError(f"all_gather #{self.seq} (shape {tuple(t.shape)}, {t.dtype}) failed on rank "
                                   f"{self.rank}: {exc}") from exc
         return torch.stack(out)
+
+    def _vote(self, value: int) -> list[int]:
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        try:
+            dist.all_gather(out, t, group=self.group)
+        except Exception as exc:
+            raise CollectiveError(f"{self.last.op if self.last else 'vote'} failed on rank {self.rank}: {exc}") from exc
+        return [int(o.item()) for o in out]
 
     def barrier(self) -> None:
         try:
@@ -191,6 +287,11 @@ class LocalComm(Communicator):
         self.rank = 0
         self.local_ranks = tuple(range(world_size))
         self.device = torch.device(device)
+
+    @property
+    def num_processes(self) -> int:
+        """1: every worker lives in this process."""
+        return 1
 
     def _all_gather(self, local: Mapping[int, torch.Tensor]) -> torch.Tensor:
         return torch.stack([local[r].to(self.device) for r in range(self.world_size)])

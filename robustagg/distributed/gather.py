@@ -63,7 +63,7 @@ class GatherReduction(Reduction):
         if headers is None:
             headers = self.announce(rows, step=step, aux=aux)
         dtype = dtype_of(headers[0].dtype)
-        matrix, sums = self._gather_rows(rows, dtype)
+        matrix, sums = self._gather_rows(rows, dtype, step)
         seq = self.comm.seq
         reports = inspect_rows(matrix, sums, expected_dtype=dtype)
         corrupted = [r.row for r in reports if r.corrupted]

@@ -143,6 +143,10 @@ class Reduction(abc.ABC):
         self.faults: list[tuple[int, int]] = []
         #: Digest of the last aggregate (0 before the first); part of the trainer's replicated state.
         self.last_digest = 0
+        #: Fault-injection hook: ``tamper(step, rank, frame) -> frame`` is applied to each hosted
+        #: worker's wire frame *after* its checksum was taken (``None``: off). Modes that do not
+        #: exchange frames through :meth:`_gather_rows` ignore it.
+        self.tamper: Optional[Callable[[int, int, torch.Tensor], torch.Tensor]] = None
 
     def announce(self, rows: Mapping[int, torch.Tensor], *, step: int,
                  aux: Optional[Mapping[int, tuple[float, float]]] = None) -> list[Header]:
@@ -171,9 +175,16 @@ class Reduction(abc.ABC):
         check_headers(headers, step=step, seq=seq, tag=TAG_REDUCTION)
         return headers
 
-    def _gather_rows(self, rows: Mapping[int, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
-        """All-gather the hosted rows, framed with their checksums; ``(n, d)`` rows and declared checksums."""
-        buffers = self.comm.all_gather({r: frame(t.to(dtype)) for r, t in rows.items()})
+    def _gather_rows(self, rows: Mapping[int, torch.Tensor], dtype: torch.dtype,
+                     step: int = -1) -> tuple[torch.Tensor, list[int]]:
+        """All-gather the hosted rows, framed with their checksums; ``(n, d)`` rows and declared checksums.
+
+        ``step`` is handed to :attr:`tamper` (fault injection) when one is set.
+        """
+        frames = {r: frame(t.to(dtype)) for r, t in rows.items()}
+        if self.tamper is not None:
+            frames = {r: self.tamper(step, r, f) for r, f in frames.items()}
+        buffers = self.comm.all_gather(frames)
         return unframe(buffers, dtype)
 
     def share(self, rows: Mapping[int, torch.Tensor], *, step: int) -> torch.Tensor:
@@ -189,7 +200,7 @@ class Reduction(abc.ABC):
             IntegrityError: a row does not match its framed checksum. CollectiveError: as above.
         """
         dtype = next(iter(rows.values())).dtype
-        x, sums = self._gather_rows(rows, dtype)
+        x, sums = self._gather_rows(rows, dtype, step)
         bad = [i for i, r in enumerate(inspect_rows(x, sums)) if r.corrupted]
         if bad:
             raise IntegrityError(f"step {step}: shared rows of rank(s) {bad} do not match their checksums.")
@@ -252,16 +263,23 @@ def register_reduction(name: str) -> Callable[[R], R]:
 
 
 def reduction_modes() -> list[str]:
-    """Names of the registered reduction modes."""
-    return sorted(_MODES)
+    """Names of the registered reduction modes, plus ``"auto"`` (sharded where the rule supports it)."""
+    return sorted([*_MODES, "auto"])
 
 
 def make_reduction(mode: str, rule: Aggregator, comm: Communicator, **kwargs: object) -> Reduction:
     """Build the reduction registered as ``mode``.
 
+    ``mode="auto"`` picks ``"sharded"`` when the rule has a sharded implementation
+    (:func:`~robustagg.distributed.sharded.supports_sharding`), else ``"gather"``.
+
     Raises:
         ConfigError: unknown mode (the message lists the registered ones).
     """
+    if mode == "auto":
+        from .sharded import supports_sharding
+
+        mode = "sharded" if supports_sharding(rule) else "gather"
     try:
         cls = _MODES[mode]
     except KeyError:

@@ -25,9 +25,7 @@ assumes the aggregation code on every rank is trusted, as a parameter server wou
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import time
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -43,7 +41,7 @@ from ..functional.weiszfeld import clipping_iterations, weiszfeld_coefficients
 from ..errors import IntegrityError, NonFiniteInputError
 from ..integrity import checksum, inspect_rows
 from ..preaggregation import ARC, NNM, Bucketing, Clipping, Pipeline, PreAggregator
-from .comm import CollectiveError, CollectiveRecord, Communicator, ProcessGroupComm
+from .comm import CollectiveError, Communicator, ProcessGroupComm
 from .gather import GatherReduction
 from .header import Header, dtype_of
 from .reduction import NonFinitePolicy, Reduced, frame, register_reduction, unframe
@@ -363,13 +361,13 @@ class ShardedReduction(GatherReduction):
     def _collective(self, op: str, t: torch.Tensor, fn: Callable[[], Any]) -> None:
         comm = self.comm
         comm.seq += 1
-        comm.last = CollectiveRecord(comm.seq, op, tuple(t.shape), str(t.dtype), time.time())
+        rec = comm.begin_record(op, tuple(t.shape), str(t.dtype))  # evidence names the collective in flight
         try:
             fn()
         except Exception as exc:  # backend errors differ by backend and version
             raise CollectiveError(f"{op} #{comm.seq} (shape {tuple(t.shape)}, {t.dtype}) failed on rank "
                                   f"{comm.rank}: {exc}") from exc
-        comm.last = dataclasses.replace(comm.last, finished=time.time())
+        comm.end_record(rec)
 
     def _allreduce(self, t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous()
@@ -392,6 +390,8 @@ class ShardedReduction(GatherReduction):
         bounds = shard_bounds(local.numel(), world)
         size = local.element_size()
         send = torch.cat([frame(local[s:e]) for s, e in bounds])
+        if self.tamper is not None:  # fault injection (corruption after the checksums were taken)
+            send = self.tamper(step, rank, send)
         send_sizes = [(e - s) * size + 8 for s, e in bounds]
         mine = bounds[rank][1] - bounds[rank][0]
         recv = torch.empty(world * (mine * size + 8), dtype=torch.uint8, device=comm.device)

@@ -8,6 +8,11 @@ Byzantine behaviour and hands them in (the library never imports ``attacks`` or 
 - :class:`ByzantineBehaviour`: which ranks are Byzantine and the injected attack callables.
 - :func:`fit`: the loop with metrics, evaluation, sinks and the run summary.
 - :func:`evaluate`: accuracy, loss, per-class and worst-class accuracy.
+- :class:`Checkpointer` and :func:`restore` (:mod:`~robustagg.training.resume`): committed
+  checkpoints and the coordinated restore.
+- :class:`Fault` and :class:`FaultInjector` (:mod:`~robustagg.training.faults`): fault injection.
+- :func:`write_evidence` and :class:`StragglerLog` (:mod:`~robustagg.training.evidence`): failure
+  evidence and the straggler report.
 
 Example (simulated, 3 workers, one Byzantine sending a large row; the median ignores it):
     >>> import torch, robustagg as ra
@@ -27,12 +32,17 @@ Example (simulated, 3 workers, one Byzantine sending a large row; the median ign
 
 from .byzantine import ByzantineBehaviour, GradientAttack, LabelPoison
 from .evaluate import evaluate
+from .evidence import StragglerLog, failure_kind, read_evidence, summarise_evidence, write_evidence
+from .faults import Fault, FaultInjector
 from .io import atomic_write, save_model, write_json
 from .loop import JsonlSink, RunSummary, Sink, fit, step_record
+from .resume import Checkpointer, Restored, restore
 from .sampler import ShardSampler, mix_seed
 from .state import capture_rng, restore_rng, seed_everything
 from .trainer import Shard, StepOutput, Trainer
 
 __all__ = ["ByzantineBehaviour", "GradientAttack", "LabelPoison", "evaluate", "atomic_write", "save_model",
            "write_json", "JsonlSink", "RunSummary", "Sink", "fit", "step_record", "ShardSampler", "mix_seed",
-           "capture_rng", "restore_rng", "seed_everything", "Shard", "StepOutput", "Trainer"]
+           "capture_rng", "restore_rng", "seed_everything", "Shard", "StepOutput", "Trainer", "Checkpointer",
+           "Restored", "restore", "Fault", "FaultInjector", "StragglerLog", "failure_kind", "read_evidence",
+           "summarise_evidence", "write_evidence"]

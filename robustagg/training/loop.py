@@ -12,11 +12,15 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
+from .evidence import StragglerLog
 from .trainer import StepOutput, Trainer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .resume import Checkpointer
 
 __all__ = ["Sink", "JsonlSink", "RunSummary", "step_record", "fit"]
 
@@ -139,6 +143,8 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
             rec[k] = v
         if not out.byzantine:
             rec.pop("agg/byz_accepted", None)
+    elif red.matrix is None and hasattr(red, "metrics_for") and bool(mask.any()):
+        rec.update(red.metrics_for(mask))  # sharded mode: from all-reduced moments, no row shares
     return rec
 
 
@@ -150,12 +156,18 @@ def _mean(values: Sequence[float]) -> float:
 def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval_every: int = 0,
         sinks: Sequence[Sink] = (), progress: bool = False, param_check_every: int = 0,
         assumption_violated: bool = False, on_record: Optional[Callable[[dict[str, Any]], None]] = None,
-        callbacks: Sequence[Callable[[Trainer, StepOutput], None]] = ()) -> RunSummary:
+        callbacks: Sequence[Callable[[Trainer, StepOutput], None]] = (),
+        checkpointer: Optional["Checkpointer"] = None, stragglers: Optional[StragglerLog] = None,
+        on_detect: Optional[Callable[[dict[str, Any]], None]] = None) -> RunSummary:
     """Run ``steps`` steps of ``trainer`` and return the run's summary (meaningful on the main rank).
 
     Call-order contract: every process of the group calls ``fit`` with the same ``steps``,
-    ``param_check_every`` (collectives) — ``evaluate``, ``sinks`` and ``progress`` only matter on
-    the main process.
+    ``param_check_every`` and checkpoint schedule (collectives) — ``evaluate``, ``sinks``,
+    ``progress``, ``stragglers`` and ``on_detect`` only matter on the main process.
+
+    Schedules count the trainer's global step (``trainer.step_id``), not the steps of this call,
+    so a run resumed from a checkpoint evaluates, compares digests and checkpoints at exactly the
+    steps an uninterrupted run does.
 
     Args:
         trainer: a :class:`Trainer`.
@@ -164,11 +176,16 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
             ``eval_every`` steps (0: only at the end) and after the last step.
         sinks: receive every record (``kind="train"`` per step, ``kind="test"`` per evaluation).
         progress: show a progress bar (main process).
-        param_check_every: compare a digest of the parameters across ranks every K steps and at
-            the end (0: only at the end).
+        param_check_every: compare digests of the parameters and optimizer state across ranks
+            every K steps and at the end (0: only at the end).
         assumption_violated: recorded as ``assumption/violated`` in every train record.
         on_record: called with every record (e.g. to build a live table).
         callbacks: ``cb(trainer, step_output)`` after every step, on every process.
+        checkpointer: writes committed checkpoints on its schedule (after the digest check of that
+            step) and once more at the end; ``None``: no checkpoints.
+        stragglers: collects every rank's compute time per step (main process).
+        on_detect: called (main process) with a detection record when a non-finite submission
+            is dropped or a straggler is flagged: ``{"kind", "step", "ranks"/"rank", ...}``.
 
     Returns:
         a :class:`RunSummary`.
@@ -203,15 +220,24 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
 
     t0 = time.perf_counter()
     first = trainer.step_id
-    for i in range(steps):
+    end = first + steps
+    for _ in range(steps):
         out = trainer.step()
         for cb in callbacks:
             cb(trainer, out)
-        done = i + 1
-        if param_check_every and done % param_check_every == 0 and done != steps:
+        done = trainer.step_id
+        if param_check_every and done % param_check_every == 0 and done != end:
             trainer.check_parameters()
+        if checkpointer is not None and done != end and checkpointer.due(done):
+            checkpointer.save(trainer)
         if not main:
             continue
+        if stragglers is not None:
+            for flag in stragglers.add(done, [h.seconds for h in out.reduced.headers]):
+                if on_detect is not None:
+                    on_detect({"kind": "straggler", **flag})
+        if out.reduced.dropped and on_detect is not None:
+            on_detect({"kind": "nonfinite", "step": done, "ranks": list(out.reduced.dropped), "action": "dropped"})
         rec = step_record(out, trainer)
         rec["assumption/violated"] = int(assumption_violated)
         rec["time/elapsed_s"] = time.perf_counter() - t0
@@ -220,10 +246,10 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         if out.byzantine and "agg/byz_accepted" in rec:
             accepted.append(rec["agg/byz_accepted"])
         emit(rec)
-        if evaluate is not None and eval_every and done % eval_every == 0 and done != steps:
+        if evaluate is not None and eval_every and done % eval_every == 0 and done != end:
             run_eval()
         bar.update(1)
-        if done % 10 == 0 or done == steps:
+        if done % 10 == 0 or done == end:
             post = {"loss": f"{rec['train/loss']:.3f}"}
             if last_test:
                 post["acc"] = f"{last_test['test/acc']:.3f}"
@@ -231,6 +257,8 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
                 post["kappa"] = f"{rec['agg/kappa_hat']:.2g}"
             bar.set_postfix(post, refresh=False)
     trainer.check_parameters()
+    if checkpointer is not None and checkpointer.last_saved != trainer.step_id:
+        checkpointer.save(trainer)  # the committed end state (on clean exit)
     wall = time.perf_counter() - t0
     if main:
         run_eval()

@@ -14,13 +14,20 @@ Step (every process)::
                                 honest submissions) ; Byzantine workers replace theirs
     reduce: submissions framed with their checksums, integrity, rule -> aggregate
     p.grad <- aggregate ; optimizer.step() ; scheduler.step() ; step += 1
+
+An optional :class:`~robustagg.training.faults.FaultInjector` is called at fixed points of the step
+(start, each worker's compute, each submission, before the header exchange, each wire frame, after
+the reduction, after the optimizer step), so injected faults are deterministic in (rank, step).
+Workers have a *worker id* (their rank in the original group) that stays with their data, sampler
+and RNG stream when an elastic shrink renumbers the ranks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +40,10 @@ from ..integrity import checksum
 from .byzantine import ByzantineBehaviour
 from .sampler import ShardSampler, mix_seed
 from .state import capture_rng, restore_rng
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..distributed.header import Header
+    from .faults import FaultInjector
 
 __all__ = ["Shard", "StepOutput", "Trainer"]
 
@@ -100,20 +111,33 @@ class Trainer:
             (Karimireddy, He, Jaggi, ICML 2021); 0 disables it.
         byzantine: the injected :class:`ByzantineBehaviour`, or ``None`` (everyone honest).
         metrics: compute the rule's row weights on the main process (for ``agg/*`` metrics).
+        identities: ``{rank: worker id}`` for the hosted workers (default: the rank itself). The
+            worker id seeds the worker's batches and RNG stream and keys its checkpointed state,
+            so a worker keeps its trajectory when an elastic shrink gives it another rank.
+        injector: a :class:`~robustagg.training.faults.FaultInjector` (fault injection), or ``None``.
 
     Raises:
         ConfigError: hosted workers and shards differ, Byzantine ranks out of range, every worker
-            Byzantine, or ``worker_momentum`` outside ``[0, 1)``.
+            Byzantine, ``worker_momentum`` outside ``[0, 1)``, or ``identities`` not covering the
+            hosted workers with distinct ids.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduction: Reduction,
                  shards: Mapping[int, Shard], *, batch_size: int, num_classes: int, seed: int = 0,
                  loss_fn: LossFn = F.cross_entropy, scheduler: Optional[Any] = None, worker_momentum: float = 0.0,
-                 byzantine: Optional[ByzantineBehaviour] = None, metrics: bool = True) -> None:
+                 byzantine: Optional[ByzantineBehaviour] = None, metrics: bool = True,
+                 identities: Optional[Mapping[int, int]] = None, injector: Optional["FaultInjector"] = None) -> None:
         self.comm = reduction.comm
         if sorted(shards) != list(self.comm.local_ranks):
             raise ConfigError(f"shards must be given for the hosted workers {list(self.comm.local_ranks)}; "
                               f"got {sorted(shards)}.")
+        ids = {r: r for r in self.comm.local_ranks} if identities is None else {int(k): int(v)
+                                                                              for k, v in identities.items()}
+        if any(r not in ids for r in self.comm.local_ranks) or len(set(ids.values())) != len(ids):
+            raise ConfigError(f"identities must give a distinct worker id to each hosted worker "
+                              f"{list(self.comm.local_ranks)}; got {ids}.")
+        #: ``{rank: worker id}`` of the hosted workers.
+        self.identities = {r: ids[r] for r in self.comm.local_ranks}
         if not 0.0 <= worker_momentum < 1.0:
             raise ConfigError(f"worker_momentum must be in [0, 1); got {worker_momentum}.")
         n = self.comm.world_size
@@ -134,16 +158,25 @@ class Trainer:
         self.byzantine = byzantine
         self.metrics = bool(metrics)
         self.step_id = 0
-        self.samplers = {r: ShardSampler(len(s), batch_size, seed=seed, rank=r) for r, s in self.shards.items()}
+        self.samplers = {r: ShardSampler(len(s), batch_size, seed=seed, rank=self.identities[r])
+                         for r, s in self.shards.items()}
         self.momentum: dict[int, Optional[torch.Tensor]] = {r: None for r in self.shards}
         # Each worker's own torch CPU RNG stream (dropout and other randomness in the forward and
         # backward pass), swapped in around its gradient: the streams do not depend on how workers
         # are spread over processes, so simulated and multi-process runs draw the same numbers.
-        self.worker_rng = {r: torch.Generator().manual_seed(mix_seed(seed, r, 0x5EED)).get_state()
+        self.worker_rng = {r: torch.Generator().manual_seed(mix_seed(seed, self.identities[r], 0x5EED)).get_state()
                            for r in self.shards}
         device = self.params[0].device if self.params else torch.device("cpu")
         self.attack_generator = torch.Generator(device=device)
         self.attack_generator.manual_seed(byzantine.seed if byzantine is not None else 0)
+        self.injector = injector
+        if injector is not None and injector.has("corrupt"):
+            reduction.tamper = injector.tamper
+        #: 0-based id of the step in progress (``None`` between steps): failure evidence.
+        self.current_step: Optional[int] = None
+        #: The last step's headers and when their exchange finished (``time.time()``): evidence.
+        self.last_headers: list["Header"] = []
+        self.last_headers_at: Optional[float] = None
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -173,6 +206,10 @@ class Trainer:
         """
         t0 = time.perf_counter()
         step = self.step_id
+        self.current_step = step
+        inj = self.injector
+        if inj is not None:
+            inj.step_point("before_step", step)
         byz = self.byzantine
         active = byz is not None and byz.active(step)
         byz_ranks: tuple[int, ...] = tuple(byz.ranks) if (byz is not None and active) else ()
@@ -180,6 +217,8 @@ class Trainer:
         aux: dict[int, tuple[float, float]] = {}
         for r in self.comm.local_ranks:
             tw = time.perf_counter()
+            if inj is not None:
+                inj.compute(step, r)
             shard = self.shards[r]
             idx = self.samplers[r].next()
             x, y = shard.x[idx], shard.y[idx]
@@ -193,9 +232,13 @@ class Trainer:
                 b = self.worker_momentum  # m_0 = 0, so the first step submits (1 - b) g
                 g = (1.0 - b) * g if m is None else b * m + (1.0 - b) * g
                 self.momentum[r] = g
+            if inj is not None:
+                g = inj.submission(step, r, g)
             subs[r] = g
             aux[r] = (loss, time.perf_counter() - tw)  # this worker's compute time (straggler evidence)
-        headers = self.reduction.announce(subs, step=step, aux=aux)
+        announced = step if inj is None else inj.before_announce(self, step)
+        headers = self.reduction.announce(subs, step=announced, aux=aux)
+        self.last_headers, self.last_headers_at = headers, time.time()
         if byz_ranks and byz is not None and byz.gradient_fn is not None:
             n = self.comm.world_size
             honest = [i for i in range(n) if i not in byz_ranks]
@@ -217,12 +260,23 @@ class Trainer:
                                                           device=honest_rows.device).contiguous()
         reduced = self.reduction.reduce(subs, step=step, aux=aux, want_weights=self.metrics and self.is_main,
                                         headers=headers)
-        self._apply(reduced.aggregate)
+        if inj is not None:
+            inj.step_point("after_reduce", step)  # a crash here: the other ranks apply, this one never does
+        self.apply(reduced.aggregate)
         self.step_id += 1
+        if inj is not None:
+            inj.step_point("after_step", step)
+        self.current_step = None
         return StepOutput(step=step, reduced=reduced, byzantine=byz_ranks,
                           losses=[h.loss for h in reduced.headers], seconds=time.perf_counter() - t0)
 
-    def _apply(self, aggregate: torch.Tensor) -> None:
+    def apply(self, aggregate: torch.Tensor) -> None:
+        """Set every parameter's gradient to its slice of ``aggregate`` and take one optimizer (and
+        scheduler) step. :meth:`step` calls it once per step; calling it again re-applies an update
+        (what a blind retry does: the ranks that had already applied it move twice).
+
+        Shape: ``aggregate`` ``(d,)``, :meth:`num_parameters` long.
+        """
         for p, g in zip(self.params, unflatten_like(aggregate.to(self.params[0].dtype), self.params)):
             p.grad = g.clone()
         self.optimizer.step()
@@ -233,13 +287,31 @@ class Trainer:
         """:func:`~robustagg.integrity.checksum` of the flattened parameters."""
         return checksum(flatten([p.detach() for p in self.params]))
 
+    def optimizer_digest(self) -> int:
+        """A 64-bit digest of the optimizer's state (every state tensor's bytes and the
+        hyperparameters of every parameter group, e.g. the current learning rate)."""
+        h = hashlib.blake2b(digest_size=8)
+        sd = self.optimizer.state_dict()
+        for key in sorted(sd["state"], key=str):
+            for name in sorted(sd["state"][key]):
+                v = sd["state"][key][name]
+                h.update(f"{key}/{name}=".encode())
+                h.update(str(checksum(v) if isinstance(v, torch.Tensor) else repr(v)).encode())
+        for group in sd["param_groups"]:
+            h.update(repr(sorted((k, repr(v)) for k, v in group.items() if k != "params")).encode())
+        return int.from_bytes(h.digest(), "little", signed=True)
+
     def check_parameters(self) -> None:
-        """Compare the parameter digest across ranks.
+        """Compare the digests of the parameters and of the optimizer state across ranks.
+
+        Equal weights are not enough: momentum buffers, Adam's moments and step counters must
+        agree too, or the next steps diverge.
 
         Raises:
-            DesyncError: some rank holds different parameters.
+            DesyncError: some rank holds different parameters or optimizer state.
         """
         self.comm.agree(self.parameter_digest(), what="parameter digest", step=self.step_id)
+        self.comm.agree(self.optimizer_digest(), what="optimizer-state digest", step=self.step_id)
 
     # --- explicit state (issue: committed checkpoints restore all of it) ------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -250,9 +322,10 @@ class Trainer:
             (save it once): ``step``, ``model``, ``optimizer``, ``scheduler`` (or ``None``),
             ``rule`` (the rule's explicit state), ``comm_seq`` (collectives issued so far),
             ``last_digest`` (digest of the last aggregate, checked in the next step's headers).
-            ``local`` is this process's own: ``workers`` ``{rank: {"sampler", "momentum", "rng"}}``
+            ``local`` is this process's own: ``workers`` ``{worker id: {"sampler", "momentum", "rng"}}``
             for the hosted workers (data position, momentum buffer, the worker's torch CPU RNG
-            stream), ``rng`` (process-global Python/NumPy/torch/CUDA RNG states),
+            stream; keyed by :attr:`identities`, the rank itself unless a shrink renumbered the
+            workers), ``rng`` (process-global Python/NumPy/torch/CUDA RNG states),
             ``attack`` (the injected attack's state, ``{}`` when stateless or absent) and
             ``attack_generator`` (the generator handed to the attack).
         """
@@ -268,8 +341,8 @@ class Trainer:
                 "last_digest": self.reduction.last_digest,
             },
             "local": {
-                "workers": {r: {"sampler": self.samplers[r].state_dict(), "momentum": _clone(self.momentum[r]),
-                                "rng": self.worker_rng[r].clone()}
+                "workers": {self.identities[r]: {"sampler": self.samplers[r].state_dict(),
+                                                 "momentum": _clone(self.momentum[r]), "rng": self.worker_rng[r].clone()}
                             for r in self.comm.local_ranks},
                 "rng": capture_rng(),
                 "attack": byz.state_dict() if byz is not None else {},
@@ -284,9 +357,10 @@ class Trainer:
             ConfigError: the ``local`` part is for other workers.
         """
         rep, loc = state["replicated"], state["local"]
-        if sorted(int(r) for r in loc["workers"]) != list(self.comm.local_ranks):
-            raise ConfigError(f"local state is for workers {sorted(loc['workers'])}, this process hosts "
-                              f"{list(self.comm.local_ranks)}.")
+        by_id = {w: r for r, w in self.identities.items()}
+        if sorted(int(r) for r in loc["workers"]) != sorted(by_id):
+            raise ConfigError(f"local state is for workers {sorted(int(r) for r in loc['workers'])}, this process "
+                              f"hosts workers {sorted(by_id)}.")
         self.step_id = int(rep["step"])
         self.model.load_state_dict(rep["model"])
         self.optimizer.load_state_dict(rep["optimizer"])
@@ -295,10 +369,11 @@ class Trainer:
         self.reduction.rule.load_state_dict(rep["rule"])
         self.comm.seq = int(rep["comm_seq"])
         self.reduction.last_digest = int(rep.get("last_digest", 0))
-        for r, w in loc["workers"].items():
-            self.samplers[int(r)].load_state_dict(w["sampler"])
-            self.momentum[int(r)] = None if w["momentum"] is None else w["momentum"].clone()
-            self.worker_rng[int(r)] = w["rng"].clone()
+        for wid, w in loc["workers"].items():
+            r = by_id[int(wid)]
+            self.samplers[r].load_state_dict(w["sampler"])
+            self.momentum[r] = None if w["momentum"] is None else w["momentum"].clone()
+            self.worker_rng[r] = w["rng"].clone()
         restore_rng(loc["rng"])
         if self.byzantine is not None:
             self.byzantine.load_state_dict(loc.get("attack") or {})

@@ -1,0 +1,241 @@
+"""Report of a sweep: ``python -m experiments.report <multirun dir>``.
+
+Reads every run of a Hydra multirun folder (resolved config, ``metrics.jsonl``, ``summary.json``,
+``skipped.json``; see :mod:`experiments.report_load`), computes integrity and suppression
+(:mod:`experiments.report_tables`, design note ``metrics.md``) and writes, into ``<dir>/report``
+(or ``--out``), every file atomically (temp file, fsync, rename):
+
+- ``results.csv``: one row per run with ``run/acc_drop_vs_mean``, ``run/suppression``,
+  ``run/integrity`` and the run's status (``ok``, ``skipped`` with the reason, ``missing``);
+- ``tradeoff.csv``: per setting and rule, the suppression and integrity losses, the worst attack
+  and whether the rule is on the Pareto frontier;
+- ``weights.csv``: each honest worker's mean weight in the aggregate and its label skew;
+- ``report.md``: the tables (final accuracy rule x attack, the trade-off, worst-class accuracy,
+  skipped runs) and the figures;
+- ``accuracy_heatmap.png``, ``tradeoff.png``, ``kappa_<setting>.png``, ``weights_vs_skew.png``.
+
+With ``--wandb`` (or when the sweep's runs logged to W&B), the tables (``wandb.Table``) and images
+are also logged to a run named ``report`` in the sweep's W&B group (offline unless
+``WANDB_MODE``/``--wandb-mode`` says otherwise).
+
+Example::
+
+    python -m experiments.train -m +experiment=integrity_vs_suppression_quick
+    python -m experiments.report multirun/integrity_vs_suppression_quick/2024-01-01_12-00-00
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+
+from robustagg.errors import ConfigError
+from robustagg.training import atomic_write
+
+from .report_figures import accuracy_heatmap, kappa_curves, save_figure, tradeoff_scatter, weight_vs_skew
+from .report_load import SweepData, load_sweep
+from .report_tables import across_settings, add_derived, pivot, slug, to_markdown, tradeoff
+
+__all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
+
+RESULT_COLUMNS = ["run_id", "status", "rule", "attack", "setting", "heterogeneity", "data", "seed", "n", "f",
+                  "byzantine", "final_acc", "best_acc", "worst_class_acc", "final_loss", "run/acc_drop_vs_mean",
+                  "run/suppression", "run/integrity", "mean_kappa_hat", "byz_accepted", "steps", "wall_seconds",
+                  "reason", "run_dir"]
+
+
+@dataclass
+class Report:
+    """What :func:`build_report` produced.
+
+    Attributes:
+        out_dir: where the files went. results: the per-run table (``results.csv``).
+        tradeoff: per setting and rule (``tradeoff.csv``). settings: the setting labels, in order.
+        files: every file written. markdown: the text of ``report.md``.
+    """
+
+    out_dir: Path
+    results: pd.DataFrame
+    tradeoff: pd.DataFrame
+    settings: list[str]
+    files: list[Path] = field(default_factory=list)
+    markdown: str = ""
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(text, encoding="utf-8")
+
+    return atomic_write(path, write)
+
+
+def write_csv(path: Path, df: pd.DataFrame) -> Path:
+    """Write ``df`` as CSV (no index) to ``path`` atomically."""
+    return atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
+
+
+def _pp(v: float) -> str:
+    return "—" if not math.isfinite(v) else f"{round(100.0 * v, 1) + 0.0:+.1f}"
+
+
+def _counts(results: pd.DataFrame) -> str:
+    counts = results["status"].value_counts()
+    parts = [f"{int(counts.get(k, 0))} {k}" for k in ("ok", "skipped", "diverged", "invalid", "failed", "missing")
+             if counts.get(k, 0) or k in ("ok", "skipped")]
+    return f"{len(results)} runs: " + ", ".join(parts)
+
+
+def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, settings: list[str],
+              figures: dict[str, list[str]]) -> str:
+    lines = [f"# Integrity vs suppression: report of `{sweep.root}`", "", _counts(results) + ".", "",
+             "Accuracies are final top-1 test accuracies in %, mean ± standard deviation over seeds; "
+             "†k: k of the runs diverged (non-finite values) and are scored at chance accuracy 1/C. "
+             "Suppression and integrity losses are in percentage points (pp); smaller is better "
+             "(definitions at the end).", ""]
+    if len(settings) > 1 and (results["attack"] == "none").any():
+        lines += ["## No attack: final test accuracy (%) across settings", "",
+                  "What each rule throws away as the data gets more heterogeneous (suppression at a glance).", "",
+                  to_markdown(across_settings(results, settings)), ""]
+    for setting in settings:
+        sub = results[results["setting"] == setting]
+        meta = sub.iloc[0]
+        seeds = sorted(sub["seed"].unique().tolist())
+        lines += [f"## {setting}", "",
+                  f"{meta['data']}, n = {meta['n']} workers, f = {meta['f']} declared, seeds {seeds}.", "",
+                  "### Final test accuracy (%), rule × attack", "", to_markdown(pivot(results, "final_acc", setting)), ""]
+        t = trade[trade["setting"] == setting]
+        if len(t):
+            view = pd.DataFrame({
+                "rule": t["rule"],
+                "suppression loss (pp)": [_pp(v) for v in t["suppression_loss"]],
+                "integrity loss (pp)": [_pp(v) for v in t["integrity_loss"]],
+                "worst attack": t["worst_attack"].replace("", "—"),
+                "on frontier": ["yes" if v else "" for v in t["frontier"]],
+                "seeds": t["seeds"]})
+            lines += ["### Integrity vs suppression per rule", "",
+                      to_markdown(view.set_index("rule")), ""]
+        lines += ["### Worst-class test accuracy (%), rule × attack", "",
+                  to_markdown(pivot(results, "worst_class_acc", setting)), ""]
+        for fig in figures.get(setting, []):
+            lines += [f"![{fig}]({fig})", ""]
+    for fig in figures.get("", []):
+        lines += [f"![{fig}]({fig})", ""]
+    skipped = results[results["status"] != "ok"]
+    if len(skipped):
+        lines += ["## Runs that did not finish", "",
+                  "skipped: the configuration breaks a requirement (intended: the sweep goes on); diverged: "
+                  "non-finite values during training (scored at chance); invalid: a bad configuration value "
+                  "(fix the sweep); failed: any other error; missing: no final evaluation and no reason "
+                  "(crashed, killed or still running).", ""]
+        grouped = skipped.groupby(["status", "rule", "reason"], sort=False).size().reset_index(name="runs")
+        lines += [to_markdown(grouped, index=False), ""]
+    lines += ["## Definitions", "",
+              "- `run/acc_drop_vs_mean` = accuracy of the run − accuracy of the mean rule with no attack "
+              "(same data, partition, model, trainer and seed).",
+              "- `run/suppression` = accuracy of the rule with no attack − the mean's with no attack "
+              "(same context). The suppression loss is its negative, averaged over seeds.",
+              "- `run/integrity` = accuracy of the rule under the attack − the same rule with no attack "
+              "(same context). The integrity loss is the largest, over attacks, of its negative averaged "
+              "over seeds; the worst attack is the one attaining it.",
+              "- A rule is on the frontier when no other rule has both losses at most as large and one "
+              "strictly smaller.",
+              "- kappa-hat = ‖F(X) − x̄_H‖² / V(H) per step; literature bounds from each rule's "
+              "`requirement.kappa_bound(n, f)`; no rule can guarantee less than f/(n−2f).",
+              "- Label skew = total-variation distance between a worker's label histogram and the pool's; "
+              "relative weight = n × the worker's share of the aggregate (1 = a fair share).", ""]
+    return "\n".join(lines)
+
+
+def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLike[str]] = None, *,
+                 wandb: Optional[bool] = None, wandb_mode: Optional[str] = None,
+                 wandb_project: Optional[str] = None) -> Report:
+    """Read the sweep under ``root`` and write the report files (see the module docstring).
+
+    Args:
+        root: the multirun folder (any folder whose sub-folders hold ``.hydra/config.yaml``).
+        out_dir: where to write (default ``<root>/report``).
+        wandb: log tables and images to W&B; ``None``: when the runs used ``logger=wandb``.
+        wandb_mode: ``offline`` (default), ``online`` or ``disabled``; ``$WANDB_MODE`` wins.
+        wandb_project: W&B project (default: the runs' ``logger.project``, else ``robustagg``).
+
+    Returns:
+        a :class:`Report`.
+
+    Raises:
+        ConfigError: ``root`` does not exist or holds no run.
+    """
+    sweep = load_sweep(root)
+    out = Path(out_dir) if out_dir is not None else Path(root) / "report"
+    results = add_derived(sweep.runs)
+    settings = sorted(dict.fromkeys(results["setting"]), key=lambda s: (not s.startswith("iid"), s))
+    trade = tradeoff(results)
+    files: list[Path] = []
+    files.append(write_csv(out / "results.csv", results[[c for c in RESULT_COLUMNS if c in results.columns]]))
+    files.append(write_csv(out / "tradeoff.csv", trade))
+    weights = sweep.weights.merge(results[["run_id", "rule", "attack", "setting", "seed"]], on="run_id", how="left")
+    files.append(write_csv(out / "weights.csv", weights))
+    figures: dict[str, list[str]] = {}
+    ok = results[results["status"].isin(("ok", "diverged"))]
+    if len(ok):
+        files.append(save_figure(accuracy_heatmap(results, settings), out / "accuracy_heatmap.png"))
+        figures.setdefault("", []).append("accuracy_heatmap.png")
+        if trade[["suppression_loss", "integrity_loss"]].notna().all(axis=1).any():
+            files.append(save_figure(tradeoff_scatter(trade, settings), out / "tradeoff.png"))
+            figures[""].append("tradeoff.png")
+        for setting in settings:
+            fig = kappa_curves(results, sweep.kappa, setting)
+            if fig is not None:
+                name = f"kappa_{slug(setting)}.png"
+                files.append(save_figure(fig, out / name))
+                figures.setdefault(setting, []).append(name)
+        fig = weight_vs_skew(results, sweep.weights)
+        if fig is not None:
+            files.append(save_figure(fig, out / "weights_vs_skew.png"))
+            figures[""].append("weights_vs_skew.png")
+    text = _markdown(sweep, results, trade, settings, figures)
+    files.append(write_text(out / "report.md", text))
+    report = Report(out_dir=out, results=results, tradeoff=trade, settings=settings, files=files, markdown=text)
+    use_wandb = wandb if wandb is not None else bool((results["logger"] == "wandb").any())
+    if use_wandb:
+        from .report_wandb import log_report
+
+        log_report(report, mode=wandb_mode, project=wandb_project)
+    return report
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command line: ``python -m experiments.report <multirun dir> [--out DIR] [--wandb]``."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
+    parser.add_argument("sweep", help="the multirun folder Hydra printed (e.g. multirun/<experiment>/<date_time>)")
+    parser.add_argument("--out", default=None, help="output folder (default: <sweep>/report)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--wandb", dest="wandb", action="store_true", default=None,
+                       help="log the tables and figures to W&B (default: when the runs did)")
+    group.add_argument("--no-wandb", dest="wandb", action="store_false", help="never log to W&B")
+    parser.add_argument("--wandb-mode", default=None, choices=["offline", "online", "disabled"],
+                        help="W&B mode (default offline; $WANDB_MODE wins)")
+    parser.add_argument("--wandb-project", default=None, help="W&B project (default: the runs' logger.project)")
+    args = parser.parse_args(argv)
+    try:
+        report = build_report(args.sweep, args.out, wandb=args.wandb, wandb_mode=args.wandb_mode,
+                              wandb_project=args.wandb_project)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {report.out_dir / 'report.md'} ({_counts(report.results)})")
+    for setting in report.settings:
+        print(f"\nfinal test accuracy (%) — {setting}")
+        print(to_markdown(pivot(report.results, "final_acc", setting)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

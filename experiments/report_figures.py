@@ -1,0 +1,288 @@
+"""The report's figures (matplotlib, Agg backend, PNG written atomically).
+
+- :func:`accuracy_heatmap`: final test accuracy (%), rule x attack, one panel per setting;
+- :func:`tradeoff_scatter`: accuracy lost with no attack vs the mean (x, suppression) against
+  accuracy lost to the worst attack (y, integrity), one point per rule, frontier marked;
+- :func:`kappa_curves`: kappa-hat over training, one panel per rule, one line per attack, with the
+  rule's literature bound and the lower bound ``f / (n - 2f)`` as horizontal lines, log y;
+- :func:`weight_vs_skew`: each honest worker's share of the aggregate (relative to a fair ``1/n``)
+  against its label skew, one panel per rule.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from .report_tables import ATTACK_ORDER, RULE_ORDER, mean_grid, order  # noqa: E402
+
+__all__ = ["rule_colors", "save_figure", "accuracy_heatmap", "tradeoff_scatter", "kappa_curves", "weight_vs_skew", "kappa_bounds"]
+
+_DPI = 110
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str]) -> Path:
+    """Save ``fig`` as PNG atomically (temp file in the same folder, fsync, rename), then close it."""
+    from robustagg.training import atomic_write
+
+    def write(tmp: str) -> None:
+        fig.savefig(tmp, format="png", dpi=_DPI, bbox_inches="tight")
+
+    try:
+        return atomic_write(path, write)
+    finally:
+        plt.close(fig)
+
+
+def _grid(k: int, cols: int, w: float, h: float) -> tuple[Any, np.ndarray]:
+    ncols = max(1, min(cols, k))
+    nrows = max(1, math.ceil(k / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False, layout="constrained")
+    for ax in axes.flat[k:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def rule_colors(rules: Sequence[str]) -> dict[str, Any]:
+    """One distinct colour per rule (tab10, then the light tab20 shades), in ``RULE_ORDER``."""
+    ordered = order(rules, RULE_ORDER)
+    tab10, tab20 = matplotlib.colormaps["tab10"], matplotlib.colormaps["tab20"]
+    palette = [tab10(i) for i in range(10)] + [tab20(2 * i + 1) for i in range(10)]
+    return {r: palette[i % len(palette)] for i, r in enumerate(ordered)}
+
+
+def _legend(fig: Any, handles: dict[str, Any], ncol: int) -> None:
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
+                   ncol=min(ncol, len(handles)), fontsize=8)
+
+
+def _plain_log_axis(ax: Any) -> None:
+    """Short decimal tick labels (``0.3``, ``1e-06``) on a log y axis; call after plotting. Minor
+    ticks are labelled too when the axis spans less than 1.5 decades (else it may show no label)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    def two_five(v: float, _: Any) -> str:
+        if v <= 0:
+            return ""
+        lead = v / 10 ** math.floor(math.log10(v) + 1e-9)
+        return f"{v:.3g}" if min(abs(lead - 2), abs(lead - 5)) < 1e-6 else ""
+
+    lo, hi = ax.get_ylim()
+    span = math.log10(hi / lo) if lo > 0 and hi > lo else 99.0
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    if span < 0.5:
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    elif span < 2.0:
+        ax.yaxis.set_minor_formatter(FuncFormatter(two_five))
+    else:
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+
+
+def accuracy_heatmap(runs: pd.DataFrame, settings: Sequence[str]) -> Any:
+    """Final test accuracy (%) as a rule x attack heatmap, one panel per setting (mean over seeds;
+    grey "skip" where the configuration broke a requirement, grey "n/a" where no run finished)."""
+    fig, axes = _grid(len(settings), 2, 7.2, 5.2)
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")
+    image = None
+    for ax, setting in zip(axes.flat, settings):
+        grid = mean_grid(runs, "final_acc", setting) * 100.0
+        sub = runs[runs["setting"] == setting]
+        image = ax.imshow(grid.to_numpy(dtype=float), cmap=cmap, vmin=0.0, vmax=100.0, aspect="auto")
+        ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=40, ha="right")
+        ax.set_yticks(range(grid.shape[0]), grid.index)
+        for i, rule in enumerate(grid.index):
+            for j, attack in enumerate(grid.columns):
+                v = grid.iloc[i, j]
+                cell = sub[(sub["rule"] == rule) & (sub["attack"] == attack)]
+                if math.isfinite(v):
+                    mark = "†" if (cell["status"] == "diverged").any() else ""
+                    ax.text(j, i, f"{v:.0f}{mark}", ha="center", va="center", fontsize=8,
+                            color="white" if v < 60 else "black")
+                else:
+                    skipped = len(cell) and (cell["status"] == "skipped").all()
+                    ax.text(j, i, "skip" if skipped else "n/a", ha="center", va="center", fontsize=7, color="#555555")
+        ax.set_xlabel("attack")
+        ax.set_ylabel("rule")
+        ax.set_title(f"final test accuracy (%) — {setting}", fontsize=10)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes.flat[:len(settings)]), label="final test accuracy (%)", shrink=0.8)
+    fig.suptitle("final test accuracy (%), mean over seeds; † some runs diverged (scored at chance, 1/C); "
+                 "grey: skipped (requirement broken) or not run", fontsize=10)
+    return fig
+
+
+def tradeoff_scatter(trade: pd.DataFrame, settings: Sequence[str]) -> Any:
+    """Suppression (x) against integrity (y) per rule, in percentage points, one panel per setting.
+
+    Error bars: standard deviation over seeds. The Pareto frontier (lower-left is better on both)
+    is drawn as a dashed step line through the rules on it, which are circled.
+    """
+    fig, axes = _grid(len(settings), 2, 6.4, 5.0)
+    rules = order(trade["rule"], RULE_ORDER)
+    colors = rule_colors(rules)
+    handles: dict[str, Any] = {}
+    for ax, setting in zip(axes.flat, settings):
+        sub = trade[(trade["setting"] == setting)]
+        sub = sub[np.isfinite(sub["suppression_loss"].astype(float)) & np.isfinite(sub["integrity_loss"].astype(float))]
+        for _, row in sub.iterrows():
+            x, y = 100.0 * row["suppression_loss"], 100.0 * row["integrity_loss"]
+            xe = 100.0 * row["suppression_std"] if math.isfinite(row["suppression_std"]) else None
+            ye = 100.0 * row["integrity_std"] if math.isfinite(row["integrity_std"]) else None
+            h = ax.errorbar(x, y, xerr=xe, yerr=ye, fmt="o", color=colors[row["rule"]], ms=7, capsize=2, lw=1)
+            handles.setdefault(row["rule"], h)
+            if row["frontier"]:
+                ax.plot(x, y, "o", ms=15, mfc="none", mec="black", mew=1.2)
+            ax.annotate(str(row["rule"]), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
+        front = sub[sub["frontier"].astype(bool)].sort_values("suppression_loss")
+        if len(front):
+            fx = 100.0 * front["suppression_loss"].to_numpy(dtype=float)
+            fy = 100.0 * front["integrity_loss"].to_numpy(dtype=float)
+            line, = ax.step(fx, fy, where="post", ls="--", color="black", lw=1)
+            handles.setdefault("frontier (Pareto)", line)
+        ax.axhline(0, color="#999999", lw=0.6)
+        ax.axvline(0, color="#999999", lw=0.6)
+        ax.set_xlabel("suppression: accuracy lost with no attack vs the mean (pp)")
+        ax.set_ylabel("integrity: accuracy lost to the worst attack (pp)")
+        ax.set_title(f"integrity vs suppression — {setting}", fontsize=10)
+        ax.grid(alpha=0.3)
+    keyed = {r: handles[r] for r in rules if r in handles}
+    keyed.update({k: v for k, v in handles.items() if k not in keyed})
+    _legend(fig, keyed, 4)
+    fig.suptitle("integrity vs suppression per rule (lower-left is better: little accuracy thrown away, "
+                 "little lost to attacks; circled = on the frontier)", fontsize=10)
+    return fig
+
+
+def kappa_bounds(rule: str, n: int, f: int) -> tuple[float, float]:
+    """``(literature kappa bound, lower bound f/(n-2f))`` for the rule named ``rule`` at ``(n, f)``.
+
+    The literature bound is ``rule.requirement.kappa_bound(n, f)`` (``nan`` when none is known or
+    the requirement fails); for ``nnm>F`` it is Allouah et al.'s composition
+    ``(8f/(n-f)) (kappa_F + 1)`` (Allouah et al., AISTATS 2023; design note conventions.md), which
+    the Pipeline does not carry.
+
+    Example:
+        >>> [round(v, 3) for v in kappa_bounds("krum", 10, 2)]  # 6 (1 + 2/6) = 8; 2 / 6
+        [8.0, 0.333]
+    """
+    import robustagg as ra
+
+    base = rule.split("[", 1)[0]
+    lower = ra.lower_bound_kappa(n, f)
+    try:
+        obj = ra.get(base, f=f, strict=False)
+    except Exception:  # noqa: BLE001 - unknown names have no bound
+        return math.nan, lower
+    bound = obj.requirement.kappa_bound(n, f)
+    stages = base.split(">")
+    if math.isnan(bound) and len(stages) == 2 and stages[0] == "nnm" and n > f:
+        inner = ra.get(stages[1], f=f, strict=False).requirement.kappa_bound(n, f)
+        bound = (8.0 * f / (n - f)) * (inner + 1.0) if math.isfinite(inner) else math.nan
+    return float(bound), float(lower)
+
+
+def _smooth(steps: np.ndarray, values: np.ndarray, bins: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """Median of ``values`` in up to ``bins`` equal step bins (robust to kappa-hat's heavy tail)."""
+    if len(steps) == 0:
+        return steps, values
+    edges = np.linspace(steps.min(), steps.max() + 1, min(bins, len(np.unique(steps))) + 1)
+    idx = np.clip(np.digitize(steps, edges) - 1, 0, len(edges) - 2)
+    xs, ys = [], []
+    for b in range(len(edges) - 1):
+        sel = idx == b
+        if sel.any():
+            xs.append(float(np.median(steps[sel])))
+            ys.append(float(np.median(values[sel])))
+    return np.asarray(xs), np.asarray(ys)
+
+
+def kappa_curves(runs: pd.DataFrame, kappa: pd.DataFrame, setting: str,
+                 bounds: Callable[[str, int, int], tuple[float, float]] = kappa_bounds) -> Optional[Any]:
+    """kappa-hat over training for one setting: a panel per rule, a line per attack (median over
+    seeds and step bins), the rule's literature bound (red dashed) and ``f/(n-2f)`` (black dotted)."""
+    sub = runs[(runs["setting"] == setting) & (runs["status"] == "ok")]
+    data = kappa.merge(sub[["run_id", "rule", "attack", "n", "f"]], on="run_id")
+    data = data[data["kappa_hat"] > 0]
+    if data.empty:
+        return None
+    rules = order(data["rule"], RULE_ORDER)
+    attacks = order(data["attack"], ATTACK_ORDER)
+    colors = {a: matplotlib.colormaps["tab10"](i % 10) for i, a in enumerate(attacks)}
+    fig, axes = _grid(len(rules), 4, 4.2, 3.3)
+    handles: dict[str, Any] = {}
+    for ax, rule in zip(axes.flat, rules):
+        rd = data[data["rule"] == rule]
+        for attack in attacks:
+            ad = rd[rd["attack"] == attack]
+            if ad.empty:
+                continue
+            xs, ys = _smooth(ad["step"].to_numpy(dtype=float), ad["kappa_hat"].to_numpy(dtype=float))
+            line, = ax.plot(xs, ys, color=colors[attack], lw=1.3)
+            handles.setdefault(f"attack: {attack}", line)
+        n, f = int(rd["n"].iloc[0]), int(rd["f"].iloc[0])
+        lit, low = bounds(rule, n, f)
+        if math.isfinite(lit):
+            h = ax.axhline(lit, color="red", ls="--", lw=1.2)
+            handles.setdefault("literature upper bound on the rule's worst-case kappa", h)
+        if math.isfinite(low) and low > 0:
+            h = ax.axhline(low, color="black", ls=":", lw=1.2)
+            handles.setdefault("f/(n-2f): no rule has a smaller worst-case kappa", h)
+        ax.set_yscale("log")
+        _plain_log_axis(ax)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(rule if math.isfinite(lit) else f"{rule} (no known bound)", fontsize=9)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("kappa-hat (ratio, log scale)")
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(f"empirical robustness coefficient kappa-hat = ||F(X) - mean_H||^2 / V(H) over training "
+                 f"(median over seeds) — {setting}", fontsize=10)
+    _legend(fig, handles, 4)
+    return fig
+
+
+def weight_vs_skew(runs: pd.DataFrame, weights: pd.DataFrame, *, attack: str = "none") -> Optional[Any]:
+    """Each honest worker's relative weight ``n * share`` (1 = fair share) against its label skew
+    (total-variation distance of its label histogram from the pool's), runs with ``attack``; one
+    panel per rule, one colour per setting, one point per (worker, seed)."""
+    sub = runs[(runs["attack"] == attack) & (runs["status"] == "ok")]
+    data = weights.merge(sub[["run_id", "rule", "setting"]], on="run_id")
+    data = data[np.isfinite(data["label_skew"].astype(float)) & np.isfinite(data["rel_weight"].astype(float))]
+    if data.empty:
+        return None
+    rules = order(data["rule"], RULE_ORDER)
+    settings = list(dict.fromkeys(data["setting"]))
+    colors = {s: matplotlib.colormaps["Set1"](i % 9) for i, s in enumerate(settings)}
+    fig, axes = _grid(len(rules), 4, 4.0, 3.3)
+    ymax = max(2.0, float(data["rel_weight"].max()) * 1.05)
+    handles: dict[str, Any] = {}
+    for ax, rule in zip(axes.flat, rules):
+        rd = data[data["rule"] == rule]
+        for s in settings:
+            sd = rd[rd["setting"] == s]
+            if len(sd):
+                h = ax.scatter(sd["label_skew"], sd["rel_weight"], s=16, alpha=0.7, color=colors[s])
+                handles.setdefault(s, h)
+        fair = ax.axhline(1.0, color="black", ls=":", lw=1)
+        handles.setdefault("fair share (weight 1/n)", fair)
+        ax.set_ylim(-0.05, ymax)
+        ax.set_xlim(-0.02, 1.0)
+        ax.set_title(rule, fontsize=9)
+        ax.set_xlabel("label skew (TV distance to pool, 0-1)")
+        ax.set_ylabel("relative weight (n x share)")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"who gets suppressed: each honest worker's mean weight in the aggregate vs its label skew "
+                 f"(attack: {attack}; one point per worker and seed)", fontsize=10)
+    _legend(fig, handles, 4)
+    return fig

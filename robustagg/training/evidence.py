@@ -1,0 +1,218 @@
+"""Failure evidence and the straggler report.
+
+On any failure, each surviving rank writes ``evidence/rank-<r>.json`` before the group is torn
+down (:func:`write_evidence`): the failure kind, the step, the last completed and the in-flight
+collective (group id, sequence number, op, shape, dtype, start time, deadline), when every rank was
+last heard from, the digests exchanged, and the exception text. :func:`summarise_evidence` turns
+the files of one failed attempt into one *detection* record for the run's report.
+
+:class:`StragglerLog` keeps every rank's compute time per step (they travel in the step headers)
+and reports p50/p99 per rank; a step where one rank took far longer than the step's median is
+flagged as a straggler.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import numpy as np
+
+from ..checkpoint import atomic_write_json
+from ..errors import (AssumptionError, CheckpointError, DesyncError, IntegrityError, NonFiniteInputError)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .trainer import Trainer
+
+__all__ = ["failure_kind", "build_evidence", "write_evidence", "read_evidence", "summarise_evidence",
+           "StragglerLog"]
+
+#: From most to least specific: the kind a detection record reports when ranks saw different ones.
+_PRIORITY = ("desync", "corruption", "nonfinite", "requirement", "checkpoint", "error", "timeout", "peer_lost",
+             "terminated")
+
+
+def failure_kind(exc: BaseException) -> str:
+    """Classify an exception: ``desync``, ``corruption``, ``nonfinite``, ``requirement``,
+    ``checkpoint``, ``timeout`` / ``peer_lost`` (a collective failed: timed out, or a peer's
+    connection closed), ``terminated`` (SIGTERM) or ``error``.
+
+    Example:
+        >>> from robustagg.errors import DesyncError
+        >>> failure_kind(DesyncError("seq")), failure_kind(ValueError("x"))
+        ('desync', 'error')
+    """
+    from ..distributed.comm import CollectiveError
+    from ..distributed.launch import TerminatedError
+
+    if isinstance(exc, DesyncError):
+        return "desync"
+    if isinstance(exc, NonFiniteInputError):
+        return "nonfinite"
+    if isinstance(exc, IntegrityError):
+        return "corruption"
+    if isinstance(exc, AssumptionError):
+        return "requirement"
+    if isinstance(exc, CheckpointError):
+        return "checkpoint"
+    if isinstance(exc, TerminatedError):
+        return "terminated"
+    if isinstance(exc, CollectiveError):
+        return "timeout" if re.search(r"time[sd]? ?out|timeout", str(exc), re.IGNORECASE) else "peer_lost"
+    return "error"
+
+
+def build_evidence(trainer: "Trainer", exc: BaseException, **extra: Any) -> dict[str, Any]:
+    """The evidence of one rank about a failure (a JSON-ready dict; see the module docstring).
+
+    Keys: ``rank``, ``workers`` (worker ids hosted), ``kind``, ``step`` (1-based number of the step
+    in flight, or the last completed one outside a step), ``step_id`` (completed steps),
+    ``in_step``, ``time``, ``group``, ``world_size``, ``collective`` (``last_completed`` and
+    ``in_flight`` records), ``heartbeats`` (``{rank: {"step", "time"}}`` from the last header
+    exchange: when each rank was last heard from), ``digests`` (previous-aggregate digest each
+    rank announced, this rank's last aggregate, parameter and optimizer-state digests),
+    ``exception`` (type, message, traceback), plus ``extra``.
+    """
+    comm = trainer.comm
+    last, done = comm.last, comm.last_completed
+    in_flight = last if last is not None and last.finished is None else None
+    heard = {}
+    if trainer.last_headers:
+        heard = {str(h.rank): {"step": h.step + 1, "time": trainer.last_headers_at} for h in trainer.last_headers}
+    digests: dict[str, Any] = {"last_aggregate": trainer.reduction.last_digest,
+                               "announced_prev_aggregate": {str(h.rank): h.prev_digest for h in trainer.last_headers}}
+    for name, fn in (("parameters", trainer.parameter_digest), ("optimizer", trainer.optimizer_digest)):
+        try:
+            digests[name] = fn()
+        except Exception:  # pragma: no cover - evidence must not fail
+            digests[name] = None
+    cur = trainer.current_step
+    return {
+        "rank": comm.rank, "workers": [trainer.identities[r] for r in comm.local_ranks],
+        "kind": failure_kind(exc), "step": (cur + 1) if cur is not None else trainer.step_id,
+        "step_id": trainer.step_id, "in_step": cur is not None, "time": time.time(),
+        "group": comm.group_id, "world_size": comm.world_size,
+        "collective": {"last_completed": None if done is None else done.as_dict(),
+                       "in_flight": None if in_flight is None else in_flight.as_dict(),
+                       "seq": comm.seq, "timeout_s": comm.timeout_s},
+        "heartbeats": heard, "digests": digests,
+        "exception": {"type": type(exc).__name__, "message": str(exc),
+                      "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))},
+        **extra,
+    }
+
+
+def write_evidence(folder: Path, trainer: "Trainer", exc: BaseException, **extra: Any) -> Path:
+    """Write :func:`build_evidence` to ``folder/rank-<r>.json`` atomically; returns the path."""
+    path = Path(folder) / f"rank-{trainer.comm.rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, _clean(build_evidence(trainer, exc, **extra)))
+    return path
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else str(v)
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def read_evidence(folder: Path) -> list[dict[str, Any]]:
+    """Every ``rank-*.json`` evidence file in ``folder`` (rank order; unreadable files skipped)."""
+    out = []
+    for p in sorted(Path(folder).glob("rank-*.json"), key=lambda q: int(q.stem.split("-")[1])):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def summarise_evidence(evidence: Sequence[dict[str, Any]], *, attempt: int, lost: Sequence[int] = (),
+                       message: str = "") -> dict[str, Any]:
+    """One detection record from the evidence files of a failed attempt.
+
+    The kind is the most specific one any rank reported (a desync seen by every rank beats the
+    timeouts it caused); the step is the earliest step any rank reported for that kind.
+
+    Returns:
+        ``{"attempt", "kind", "step", "ranks" (that wrote evidence), "kinds" ({rank: kind}),
+        "lost" (ranks gone without evidence), "message"}``.
+
+    Example:
+        >>> ev = [{"rank": 0, "kind": "peer_lost", "step": 5}, {"rank": 1, "kind": "desync", "step": 4}]
+        >>> r = summarise_evidence(ev, attempt=0); (r["kind"], r["step"], r["ranks"])
+        ('desync', 4, [0, 1])
+    """
+    kinds = {int(e["rank"]): str(e.get("kind", "error")) for e in evidence}
+    present = [k for k in _PRIORITY if k in kinds.values()]
+    kind = present[0] if present else ("fail-stop" if lost else "unknown")
+    steps = [int(e["step"]) for e in evidence if e.get("kind") == kind and e.get("step") is not None]
+    if kind in ("peer_lost", "timeout", "terminated") and lost:
+        kind = "fail-stop"
+    first = next((e for e in evidence if e.get("kind") == present[0]), None) if present else None
+    text = message or (first or {}).get("exception", {}).get("message", "")
+    return {"attempt": int(attempt), "kind": kind, "step": min(steps) if steps else None,
+            "ranks": sorted(kinds), "kinds": {str(k): v for k, v in sorted(kinds.items())},
+            "lost": sorted(int(r) for r in lost), "message": str(text).splitlines()[0][:500] if text else ""}
+
+
+class StragglerLog:
+    """Per-rank compute time of every step, with a straggler flag.
+
+    A step is flagged for rank r when r's time exceeds ``factor`` times the median of that step's
+    times and ``min_seconds``.
+
+    Args:
+        factor: how many medians make a straggler (> 1).
+        min_seconds: ignore stalls shorter than this (timer noise on tiny models).
+
+    Example:
+        >>> log = StragglerLog(factor=5, min_seconds=0.1)
+        >>> log.add(1, [0.01, 0.01, 0.01]), log.add(2, [0.01, 0.9, 0.01])
+        ([], [{'step': 2, 'rank': 1, 'seconds': 0.9, 'median_s': 0.01}])
+        >>> rep = log.report(); rep["per_rank"]["1"]["max_s"], rep["stragglers"][0]["step"]
+        (0.9, 2)
+    """
+
+    def __init__(self, factor: float = 10.0, min_seconds: float = 0.05) -> None:
+        self.factor = float(factor)
+        self.min_seconds = float(min_seconds)
+        self.times: dict[int, list[float]] = {}
+        self.flagged: list[dict[str, Any]] = []
+
+    def add(self, step: int, seconds: Sequence[float]) -> list[dict[str, Any]]:
+        """Record one step (1-based number) of per-rank seconds; returns the stragglers it flags."""
+        vals = [float(s) for s in seconds]
+        for r, s in enumerate(vals):
+            if math.isfinite(s):
+                self.times.setdefault(r, []).append(s)
+        finite = [s for s in vals if math.isfinite(s)]
+        if not finite:
+            return []
+        med = float(np.median(finite))
+        new = [{"step": int(step), "rank": r, "seconds": s, "median_s": med} for r, s in enumerate(vals)
+               if math.isfinite(s) and s > self.factor * med and s > self.min_seconds]
+        self.flagged.extend(new)
+        return new
+
+    def report(self) -> dict[str, Any]:
+        """``{"p50_s", "p99_s" (over every rank-step), "per_rank": {rank: {"p50_s", "p99_s", "max_s",
+        "steps"}}, "stragglers": [flagged steps], "factor", "min_seconds"}``."""
+        every = [s for v in self.times.values() for s in v]
+
+        def pct(v: list[float], q: float) -> float:
+            return float(np.percentile(v, q)) if v else math.nan
+
+        return {"p50_s": pct(every, 50), "p99_s": pct(every, 99),
+                "per_rank": {str(r): {"p50_s": pct(v, 50), "p99_s": pct(v, 99), "max_s": max(v), "steps": len(v)}
+                             for r, v in sorted(self.times.items())},
+                "stragglers": list(self.flagged), "factor": self.factor, "min_seconds": self.min_seconds}

@@ -1,0 +1,280 @@
+"""Fault injection: make real processes crash, hang, desynchronise, corrupt, or damage checkpoints.
+
+A :class:`Fault` names a kind, the worker it hits (``rank``) and the step at which it fires
+(``step``: the 1-based number of the training step; for checkpoint faults the step of the
+checkpoint). A :class:`FaultInjector` is handed to the :class:`~robustagg.training.Trainer` and to
+the :class:`~robustagg.training.resume.Checkpointer`; they call its hooks at fixed points of a step,
+so a fault is deterministic in ``(rank, step)``. Each fault fires **once per run**: before firing,
+the injector appends a record to a log file (``faults.jsonl`` next to the checkpoints, fsynced), and
+an injector built after a restart skips every fault already in the log, so replaying the steps
+after a restore does not fire it again.
+
+| kind | what happens on worker ``rank`` at step ``step`` |
+|---|---|
+| ``crash`` | the process dies hard (``how``: ``sigkill``, or ``exit`` = ``os._exit``); ``where``: ``before_step`` (start of the step), ``after_reduce`` (the aggregate is known; this rank dies *before* its optimizer step while the others take theirs) or ``after_step`` |
+| ``hang`` | the worker sleeps ``seconds`` inside its compute time (a straggler; past the collective timeout it becomes a fail-stop) |
+| ``desync`` | ``mode=skip``: its collective counter jumps one ahead, as after skipping a collective; ``mode=reorder``: it announces the next step's exchange first. The header exchange catches both before any data moves |
+| ``corrupt`` | ``bits`` bits of its submission's wire frame are flipped *after* the checksum was taken (corruption in transit) |
+| ``nan`` | its submission becomes non-finite (one coordinate set to NaN) |
+| ``checkpoint_crash`` | it dies while writing the checkpoint of step ``step`` (``phase``: ``files`` = mid-way through its own files; ``commit`` = rank 0 after writing the manifest, before the rename that commits it) |
+| ``checkpoint_corrupt`` | after the checkpoint of step ``step`` is committed, one byte of one of its files is flipped on disk (``file``; default this rank's own ``rank-<r>.pt``) |
+
+A real transport-level skip of a differently sized collective is not injected: gloo pairs the
+mismatched buffers and aborts the process, which the trainer can only see as a fail-stop. The
+``desync`` fault exercises the detection path the header exists for.
+
+Example (bits flipped after the checksum; the reduction's integrity check then refuses the row):
+    >>> import torch
+    >>> inj = FaultInjector([Fault("corrupt", rank=1, step=3)], worker_ids={0: 0, 1: 1})
+    >>> frame = torch.zeros(16, dtype=torch.uint8)
+    >>> bool(inj.tamper(2, 1, frame).any()), bool(inj.tamper(2, 1, frame).any())  # fires once
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+import torch
+
+from ..checkpoint import append_jsonl, read_jsonl
+from ..errors import ConfigError
+from .sampler import mix_seed
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .trainer import Trainer
+
+__all__ = ["KINDS", "Fault", "FaultInjector", "fired_faults"]
+
+#: Every fault kind, in the order of the table above.
+KINDS = ("crash", "hang", "desync", "corrupt", "nan", "checkpoint_crash", "checkpoint_corrupt")
+_WHERE = ("before_step", "after_reduce", "after_step")
+_HOW = ("sigkill", "exit")
+_EXIT_CODE = 71
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault to inject.
+
+    Args:
+        kind: one of :data:`KINDS`.
+        rank: the worker it hits (its rank in the original group; unchanged by an elastic shrink).
+        step: the 1-based number of the training step (checkpoint kinds: the checkpoint's step).
+        where: ``crash`` only: ``before_step``, ``after_reduce`` or ``after_step``.
+        how: ``crash`` and ``checkpoint_crash``: ``sigkill`` or ``exit``.
+        seconds: ``hang`` only: how long the worker stalls (> 0).
+        mode: ``desync`` only: ``skip`` or ``reorder``.
+        bits: ``corrupt`` only: bits flipped in the frame (>= 1).
+        phase: ``checkpoint_crash`` only: ``files`` or ``commit`` (``commit`` needs ``rank=0``).
+        file: ``checkpoint_corrupt`` only: the file to damage (``""``: the rank's own file).
+        name: an id for logs (default ``"<kind>@<rank>:<step>"``); unique within a run.
+
+    Raises:
+        ConfigError: an unknown kind or option, or an out-of-range value.
+
+    Example:
+        >>> Fault("crash", rank=2, step=5, where="after_reduce").id
+        'crash@2:5'
+        >>> Fault("melt", rank=0, step=1)
+        Traceback (most recent call last):
+        ...
+        robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt.
+    """
+
+    kind: str
+    rank: int = 0
+    step: int = 1
+    where: str = "before_step"
+    how: str = "sigkill"
+    seconds: float = 1.0
+    mode: str = "skip"
+    bits: int = 1
+    phase: str = "files"
+    file: str = ""
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.kind in KINDS, f"unknown fault kind {self.kind!r}; choose one of {', '.join(KINDS)}."),
+            (int(self.rank) >= 0, f"fault {self.id}: rank must be >= 0; got {self.rank}."),
+            (int(self.step) >= 1, f"fault {self.id}: step must be >= 1 (the 1-based step number); got {self.step}."),
+            (self.where in _WHERE, f"fault {self.id}: where must be one of {', '.join(_WHERE)}; got {self.where!r}."),
+            (self.how in _HOW, f"fault {self.id}: how must be sigkill or exit; got {self.how!r}."),
+            (float(self.seconds) > 0, f"fault {self.id}: seconds must be > 0; got {self.seconds}."),
+            (self.mode in ("skip", "reorder"), f"fault {self.id}: mode must be skip or reorder; got {self.mode!r}."),
+            (int(self.bits) >= 1, f"fault {self.id}: bits must be >= 1; got {self.bits}."),
+            (self.phase in ("files", "commit"), f"fault {self.id}: phase must be files or commit; got {self.phase!r}."),
+            (not (self.kind == "checkpoint_crash" and self.phase == "commit" and int(self.rank) != 0),
+             f"fault {self.id}: phase=commit happens on rank 0 (it alone commits); set rank=0."),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+
+    @property
+    def id(self) -> str:
+        """The fault's name, or ``"<kind>@<rank>:<step>"``."""
+        return self.name or f"{self.kind}@{self.rank}:{self.step}"
+
+    def describe(self) -> dict[str, Any]:
+        """The options that matter for this kind, as a JSON-ready dict (with ``id``)."""
+        extra = {"crash": ("where", "how"), "hang": ("seconds",), "desync": ("mode",), "corrupt": ("bits",),
+                 "nan": (), "checkpoint_crash": ("phase", "how"), "checkpoint_corrupt": ("file",)}[self.kind]
+        d = asdict(self)
+        return {"id": self.id, "kind": self.kind, "rank": int(self.rank), "step": int(self.step),
+                **{k: d[k] for k in extra}}
+
+
+def fired_faults(log: Optional[Path]) -> list[dict[str, Any]]:
+    """The fault records in a fired-faults log (oldest first; ``[]`` without a log)."""
+    return [] if log is None else read_jsonl(Path(log))
+
+
+class FaultInjector:
+    """Fires the configured faults at the hooks the trainer and the checkpointer call.
+
+    Args:
+        faults: the faults of the run (all of them: each process fires only those of the workers
+            it hosts).
+        worker_ids: ``{comm rank: worker id}`` of the workers this process hosts (the worker id is
+            the rank in the original group; faults name worker ids).
+        log: the fired-faults log shared by every rank (``None``: remember in memory only).
+        process_rank: this process's rank (``rank-<r>.pt`` is its checkpoint file).
+        attempt: restarts so far (recorded with each fired fault).
+
+    Raises:
+        ConfigError: two faults share an id.
+    """
+
+    def __init__(self, faults: Sequence[Fault], *, worker_ids: Mapping[int, int], log: Optional[Path] = None,
+                 process_rank: int = 0, attempt: int = 0) -> None:
+        ids = [f.id for f in faults]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ConfigError(f"fault ids must be unique within a run; repeated: {dup} (give them a name).")
+        self.faults = list(faults)
+        self.worker_ids = {int(k): int(v) for k, v in worker_ids.items()}
+        self.log = None if log is None else Path(log)
+        self.process_rank = int(process_rank)
+        self.attempt = int(attempt)
+        self.fired: set[str] = {str(r.get("id")) for r in fired_faults(self.log)}
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    def has(self, kind: str) -> bool:
+        """True when a fault of ``kind`` is configured (fired or not)."""
+        return any(f.kind == kind for f in self.faults)
+
+    def _take(self, kind: str, worker: int, step: int, **match: str) -> Optional[Fault]:
+        for f in self.faults:
+            if (f.kind == kind and int(f.rank) == worker and int(f.step) == step and f.id not in self.fired
+                    and all(getattr(f, k) == v for k, v in match.items())):
+                self.fired.add(f.id)
+                record = {**f.describe(), "attempt": self.attempt, "time": time.time(), "pid": os.getpid()}
+                if self.log is not None:
+                    append_jsonl(self.log, record)  # durable before the fault takes effect
+                return f
+        return None
+
+    def _mine(self, comm_rank: int) -> int:
+        return self.worker_ids.get(int(comm_rank), -1)
+
+    def _process_worker(self) -> int:
+        return self.worker_ids.get(self.process_rank, min(self.worker_ids.values(), default=-1))
+
+    @staticmethod
+    def _die(how: str) -> None:
+        if how == "exit":
+            os._exit(_EXIT_CODE)
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # pragma: no cover - the signal is delivered before this returns
+
+    # --- trainer hooks ---------------------------------------------------------------------------
+    def step_point(self, where: str, step_id: int) -> None:
+        """``crash`` faults of the hosted workers at ``where`` of the step with 0-based id ``step_id``."""
+        for r in sorted(self.worker_ids):
+            f = self._take("crash", self._mine(r), step_id + 1, where=where)
+            if f is not None:
+                self._die(f.how)
+
+    def before_announce(self, trainer: "Trainer", step_id: int) -> int:
+        """``desync`` faults: returns the step id this process announces (``skip`` shifts the counter)."""
+        announced = step_id
+        for r in sorted(self.worker_ids):
+            f = self._take("desync", self._mine(r), step_id + 1)
+            if f is None:
+                continue
+            if f.mode == "skip":
+                trainer.comm.seq += 1  # as if this rank had issued (or skipped) one collective more
+            else:
+                announced = step_id + 1  # this rank runs the next step's exchange first
+        return announced
+
+    def compute(self, step_id: int, comm_rank: int) -> None:
+        """``hang`` faults: stall inside the worker's timed compute window."""
+        f = self._take("hang", self._mine(comm_rank), step_id + 1)
+        if f is not None:
+            time.sleep(float(f.seconds))
+
+    def submission(self, step_id: int, comm_rank: int, g: torch.Tensor) -> torch.Tensor:
+        """``nan`` faults: a copy of ``g`` with one coordinate (chosen from ``(rank, step)``) set to NaN."""
+        f = self._take("nan", self._mine(comm_rank), step_id + 1)
+        if f is None:
+            return g
+        g = g.clone()
+        g.view(-1)[mix_seed(int(f.rank), int(f.step), 0x7A7) % max(1, g.numel())] = float("nan")
+        return g
+
+    def tamper(self, step_id: int, comm_rank: int, frame: torch.Tensor) -> torch.Tensor:
+        """``corrupt`` faults: a copy of the ``uint8`` frame with ``bits`` bits of its body flipped.
+
+        The last 8 bytes (the checksum trailer) are left alone, so the receiver's recomputed
+        checksum disagrees with the declared one. Bit positions derive from ``(rank, step)``.
+        """
+        f = self._take("corrupt", self._mine(comm_rank), step_id + 1)
+        if f is None:
+            return frame
+        out = frame.clone()
+        body = max(1, out.numel() - 8)
+        flat = out.view(-1)
+        for i in range(int(f.bits)):
+            pos = mix_seed(int(f.rank), int(f.step), 0xC0, i) % (body * 8)
+            flat[pos // 8] ^= 1 << (pos % 8)
+        return out
+
+    # --- checkpoint hooks ------------------------------------------------------------------------
+    def checkpoint_files(self, step: int, staging: Path) -> None:
+        """``checkpoint_crash`` (``phase=files``): leave a half-written temp file, then die."""
+        f = self._take("checkpoint_crash", self._process_worker(), step, phase="files")
+        if f is None:
+            return
+        tmp = Path(staging) / f".rank-{self.process_rank}.pt.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(b"PK\x03\x04 half-written checkpoint file")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._die(f.how)
+
+    def checkpoint_commit(self, step: int, staging: Path) -> None:
+        """``checkpoint_crash`` (``phase=commit``, rank 0): die after the manifest, before the rename."""
+        f = self._take("checkpoint_crash", self._process_worker(), step, phase="commit")
+        if f is not None:
+            self._die(f.how)
+
+    def checkpoint_committed(self, step: int, path: Path) -> None:
+        """``checkpoint_corrupt``: flip one byte in the middle of a committed file on disk."""
+        f = self._take("checkpoint_corrupt", self._process_worker(), step)
+        if f is None:
+            return
+        target = Path(path) / (f.file or f"rank-{self.process_rank}.pt")
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        with open(target, "r+b") as fh:  # damage in place: the manifest's SHA-256 no longer matches
+            fh.write(bytes(data))
+            fh.flush()
+            os.fsync(fh.fileno())
