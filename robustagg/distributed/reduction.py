@@ -271,15 +271,20 @@ def make_reduction(mode: str, rule: Aggregator, comm: Communicator, **kwargs: ob
     """Build the reduction registered as ``mode``.
 
     ``mode="auto"`` picks ``"sharded"`` when the rule has a sharded implementation
-    (:func:`~robustagg.distributed.sharded.supports_sharding`), else ``"gather"``.
+    (:func:`~robustagg.distributed.sharded.supports_sharding`), else ``"gather"``; sharded then
+    gathers submissions shorter than :data:`~robustagg.distributed.sharded.AUTO_MIN_D` coordinates.
 
     Raises:
         ConfigError: unknown mode (the message lists the registered ones).
     """
     if mode == "auto":
-        from .sharded import supports_sharding
+        from .sharded import AUTO_MIN_D, supports_sharding
 
-        mode = "sharded" if supports_sharding(rule) else "gather"
+        if not supports_sharding(rule):
+            mode = "gather"
+        else:
+            mode = "sharded"
+            kwargs.setdefault("min_d", AUTO_MIN_D)
     try:
         cls = _MODES[mode]
     except KeyError:
