@@ -19,7 +19,7 @@ run: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m experiments.train $(ARGS)
 
 test: $(STAMP)
-	WANDB_MODE=disabled $(PY) -m pytest -q robustagg attacks tests docs README.md
+	WANDB_MODE=disabled $(PY) -m pytest -q robustagg attacks experiments tests docs README.md
 	$(PY) -m mypy robustagg attacks
 	$(PY) -m mkdocs build --strict -q
 

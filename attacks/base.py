@@ -102,7 +102,7 @@ class Attack(abc.ABC):
           global torch RNG). Same inputs and generator state give the same bits on one device.
 
     Returns:
-        a new ``(num_byzantine, d)`` tensor, dtype and device of ``honest``; ``(0, d)`` when
+        (torch.Tensor): a new ``(num_byzantine, d)`` tensor, dtype and device of ``honest``; ``(0, d)`` when
         ``num_byzantine == 0``. Always finite for finite inputs: values beyond the dtype's range
         are saturated to ``+-torch.finfo(dtype).max``.
 

@@ -37,10 +37,9 @@ from typing import Optional, Sequence
 import pandas as pd
 
 from robustagg.errors import ConfigError
-from robustagg.training import atomic_write
 
 from .report_figures import accuracy_heatmap, kappa_curves, save_figure, tradeoff_scatter, weight_vs_skew
-from .report_load import SweepData, load_sweep
+from .report_load import SweepData, load_sweep, write_atomic
 from .report_tables import across_settings, add_derived, pivot, slug, to_markdown, tradeoff
 
 __all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
@@ -74,12 +73,12 @@ def write_text(path: Path, text: str) -> Path:
     def write(tmp: str) -> None:
         Path(tmp).write_text(text, encoding="utf-8")
 
-    return atomic_write(path, write)
+    return write_atomic(path, write)
 
 
 def write_csv(path: Path, df: pd.DataFrame) -> Path:
     """Write ``df`` as CSV (no index) to ``path`` atomically."""
-    return atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
+    return write_atomic(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
 def _pp(v: float) -> str:

@@ -33,13 +33,13 @@ _DPI = 110
 
 def save_figure(fig: Any, path: str | os.PathLike[str]) -> Path:
     """Save ``fig`` as PNG atomically (temp file in the same folder, fsync, rename), then close it."""
-    from robustagg.training import atomic_write
+    from .report_load import write_atomic
 
     def write(tmp: str) -> None:
         fig.savefig(tmp, format="png", dpi=_DPI, bbox_inches="tight")
 
     try:
-        return atomic_write(path, write)
+        return write_atomic(path, write)
     finally:
         plt.close(fig)
 
@@ -136,15 +136,19 @@ def tradeoff_scatter(trade: pd.DataFrame, settings: Sequence[str]) -> Any:
     for ax, setting in zip(axes.flat, settings):
         sub = trade[(trade["setting"] == setting)]
         sub = sub[np.isfinite(sub["suppression_loss"].astype(float)) & np.isfinite(sub["integrity_loss"].astype(float))]
+        points = []
         for _, row in sub.iterrows():
             x, y = 100.0 * row["suppression_loss"], 100.0 * row["integrity_loss"]
             xe = 100.0 * row["suppression_std"] if math.isfinite(row["suppression_std"]) else None
             ye = 100.0 * row["integrity_std"] if math.isfinite(row["integrity_std"]) else None
-            h = ax.errorbar(x, y, xerr=xe, yerr=ye, fmt="o", color=colors[row["rule"]], ms=7, capsize=2, lw=1)
+            color = colors[row["rule"]]
+            ax.errorbar(x, y, xerr=xe, yerr=ye, fmt="none", ecolor=color, alpha=0.35, capsize=2, lw=1)
+            h = ax.plot(x, y, "o", color=color, ms=7, zorder=3)[0]
             handles.setdefault(row["rule"], h)
             if row["frontier"]:
-                ax.plot(x, y, "o", ms=15, mfc="none", mec="black", mew=1.2)
-            ax.annotate(str(row["rule"]), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
+                ax.plot(x, y, "o", ms=15, mfc="none", mec="black", mew=1.2, zorder=3)
+            points.append((x, y, str(row["rule"])))
+        _label_points(ax, points)
         front = sub[sub["frontier"].astype(bool)].sort_values("suppression_loss")
         if len(front):
             fx = 100.0 * front["suppression_loss"].to_numpy(dtype=float)
@@ -163,6 +167,27 @@ def tradeoff_scatter(trade: pd.DataFrame, settings: Sequence[str]) -> Any:
     fig.suptitle("integrity vs suppression per rule (lower-left is better: little accuracy thrown away, "
                  "little lost to attacks; circled = on the frontier)", fontsize=10)
     return fig
+
+
+def _label_points(ax: Any, points: list[tuple[float, float, str]]) -> None:
+    """Name each point next to it, nudging a label down when it would overlap one already placed
+    (greedy, in axes-fraction units: labels closer than 4 % vertically and 22 % horizontally)."""
+    if not points:
+        return
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    xr, yr = (x1 - x0) or 1.0, (y1 - y0) or 1.0
+    placed: list[tuple[float, float]] = []
+    for x, y, text in sorted(points, key=lambda p: -p[1]):
+        fx, fy = (x - x0) / xr, (y - y0) / yr * 0.85
+        dy = 0.0
+        while any(abs(fx - px) < 0.22 and abs(fy - dy - py) < 0.04 for px, py in placed):
+            dy += 0.045
+        placed.append((fx, fy - dy))
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(7, 3 - 220 * dy * 0.85), fontsize=7,
+                    arrowprops=dict(arrowstyle="-", color="#888888", lw=0.5) if dy else None)
 
 
 def kappa_bounds(rule: str, n: int, f: int) -> tuple[float, float]:

@@ -23,7 +23,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import pandas as pd
 from omegaconf import OmegaConf
@@ -32,7 +32,7 @@ from robustagg.errors import ConfigError
 
 from .report_config import IDENTITY_KEYS, describe_run, disambiguate, load_config
 
-__all__ = ["SweepData", "find_runs", "load_sweep", "load_run", "read_metrics", "classify",
+__all__ = ["SweepData", "find_runs", "load_sweep", "load_run", "read_metrics", "classify", "write_atomic",
            # re-exported from report_config
            "load_config", "describe_run", "IDENTITY_KEYS"]
 
@@ -53,6 +53,21 @@ class SweepData:
     kappa: pd.DataFrame
     weights: pd.DataFrame
     root: Path
+
+
+def write_atomic(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
+    """:func:`robustagg.training.atomic_write` (temp file, fsync, rename) with the file made
+    readable like any new file (``0o666`` less the umask) instead of ``mkstemp``'s ``0o600``."""
+    from robustagg.training import atomic_write
+
+    mask = os.umask(0)
+    os.umask(mask)
+
+    def wrapped(tmp: str) -> None:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~mask)
+
+    return atomic_write(path, wrapped)
 
 
 def find_runs(root: str | os.PathLike[str]) -> list[Path]:

@@ -126,8 +126,11 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
 def main(cfg: DictConfig) -> float:
     """Hydra entry point: ``train(cfg)``; a bad configuration exits with status 2 and one message.
 
-    In a multirun sweep, a configuration that breaks a requirement is skipped: its run directory
-    gets ``skipped.json`` with the reason, and the sweep goes on.
+    In a multirun sweep, a configuration that breaks an assumption (a rule's requirement, more
+    attackers than the declared f, an attack that cannot run at this n) is skipped, and a run whose
+    training produced non-finite values is marked diverged: its run directory gets
+    ``skipped.json`` with ``status`` (``"skipped"`` or ``"diverged"``), the reason and the error
+    type, and the sweep goes on. Any other error (a misspelt key, an unknown name) fails the sweep.
     """
     try:
         summary = train(cfg)
@@ -135,13 +138,15 @@ def main(cfg: DictConfig) -> float:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        from robustagg.distributed import WorkerFailedError
+        from robustagg.errors import AssumptionError, NonFiniteInputError
         from robustagg.training import write_json
 
-        if not isinstance(exc, WorkerFailedError) and HydraConfig.get().mode == RunMode.MULTIRUN:
+        status = ("skipped" if isinstance(exc, AssumptionError) else
+                  "diverged" if isinstance(exc, NonFiniteInputError) else None)
+        if status is not None and HydraConfig.get().mode == RunMode.MULTIRUN:
             out = Path(HydraConfig.get().runtime.output_dir)
-            write_json(out / "skipped.json", {"reason": str(exc), "type": type(exc).__name__})
-            log.warning("skipped: %s", exc)
+            write_json(out / "skipped.json", {"status": status, "reason": str(exc), "type": type(exc).__name__})
+            log.warning("%s: %s", status, exc)
             return math.nan
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

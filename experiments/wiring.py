@@ -230,7 +230,8 @@ def _threat(cfg: DictConfig) -> tuple[int, int, int, tuple[int, ...], list[str]]
         msg = (f"threat.byzantine={b} actual Byzantine workers exceed the declared threat.f={f}: every rule's "
                f"guarantee assumes at most f.")
         if bool(cfg.strict):
-            raise ConfigError(msg + " Raise threat.f, lower threat.byzantine, or pass strict=false to study breakdown.")
+            raise AssumptionError(msg + " Raise threat.f, lower threat.byzantine, or pass strict=false to study "
+                                  "breakdown.")
         notes.append(msg)
     return n, f, b, ranks, notes
 
@@ -311,7 +312,8 @@ def _dry_run_attack(attack: Any, rule: Aggregator, n: int, b: int, name: str) ->
     try:
         adapter(honest, b, own, g)
     except RobustAggError as exc:
-        raise ConfigError(f"attack={name} cannot run with n={n} workers of which {b} Byzantine: {exc}") from None
+        # the attack's own assumption (e.g. ALIE's s > 0): skipped in a sweep, like a rule's requirement
+        raise AssumptionError(f"attack={name} cannot run with n={n} workers of which {b} Byzantine: {exc}") from None
 
 
 def validate(cfg: Any, *, out_dir: str = ".") -> Plan:

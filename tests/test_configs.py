@@ -112,7 +112,7 @@ def test_requirement_fails_before_launch_with_the_rules_message():
 
 
 def test_more_byzantine_than_declared_needs_strict_false():
-    with pytest.raises(ConfigError, match="threat.byzantine=3 actual Byzantine workers exceed the declared "
+    with pytest.raises(AssumptionError, match="threat.byzantine=3 actual Byzantine workers exceed the declared "
                                           "threat.f=2.*strict=false"):
         validate(_compose(["threat.byzantine=3", *FAST]))
     plan = validate(_compose(["threat.byzantine=3", "strict=false", *FAST]))
@@ -123,7 +123,7 @@ def test_other_refusals_before_launch(monkeypatch):
     with pytest.raises(ConfigError, match=r"leaves worker\(s\) \[5, 6, 7, 8, 9\] of n=10 with no training data"):
         validate(_compose(["data.max_train_samples=5", *FAST]))
     # ALIE's z is undefined when s = floor(n/2 + 1) - f <= 0: n = 4, f = 3 gives s = 0.
-    with pytest.raises(ConfigError, match="attack=alie cannot run with n=4 workers of which 3 Byzantine"):
+    with pytest.raises(AssumptionError, match="attack=alie cannot run with n=4 workers of which 3 Byzantine"):
         validate(_compose(["aggregator=mean", "threat.n=4", "threat.f=3", *FAST]))
     with pytest.raises(ConfigError, match="threat.byzantine=4 leaves no honest worker"):
         validate(_compose(["threat.n=4", "threat.f=4", "aggregator=mean", *FAST]))

@@ -91,7 +91,7 @@ def test_pending_pages_get_a_placeholder_only_while_missing():
 
 #: Public modules whose API page is still a "coming with issue N" placeholder (docs/api/*.md).
 #: Remove a module from here when its page gets its ``::: module`` directive.
-PENDING_API = {"robustagg.training", "robustagg.distributed", "robustagg.checkpoint"}
+PENDING_API: set[str] = set()
 
 
 def _public_modules() -> list[str]:

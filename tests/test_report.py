@@ -236,8 +236,11 @@ def test_files_written_and_figures_are_pngs(report: rep.Report) -> None:
     names = {p.name for p in report.files}
     assert {"results.csv", "tradeoff.csv", "weights.csv", "report.md", "accuracy_heatmap.png", "tradeoff.png",
             "weights_vs_skew.png", "kappa_iid.png"} <= names
+    mask = os.umask(0)
+    os.umask(mask)
     for p in report.files:
         assert p.exists() and p.stat().st_size > 0
+        assert p.stat().st_mode & 0o666 == 0o666 & ~mask  # readable like any new file, not mkstemp's 0600
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in report.out_dir.iterdir() if p.name.endswith(".tmp")]  # no temp file left

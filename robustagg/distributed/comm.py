@@ -4,11 +4,11 @@ A communicator hosts one or more *workers* (ranks of the logical world): a
 :class:`ProcessGroupComm` hosts exactly one (its process's rank in a ``torch.distributed`` group);
 a :class:`LocalComm` hosts all of them in one process (the simulated mode). Both expose the same
 ``all_gather`` over a mapping ``{worker rank: tensor}`` of the workers they host, so the training
-step is written once and runs unchanged in both modes. Every call increments :attr:`seq`, the
+step is written once and runs unchanged in both modes. Every call increments ``seq``, the
 collective sequence number that headers carry so desynchronised ranks are caught.
 
 Control-plane agreement (checkpoint commits, the choice of a checkpoint to restore) uses
-:meth:`Communicator.vote`: one integer per process, *not* counted in :attr:`seq`, so writing or
+:meth:`Communicator.vote`: one integer per process, *not* counted in ``seq``, so writing or
 restoring a checkpoint leaves the data-plane sequence exactly where an uninterrupted run has it.
 Both kinds of call are recorded (:attr:`Communicator.last`, :attr:`Communicator.last_completed`)
 for the failure evidence: group id, sequence number, op, shape, dtype, start time and deadline.

@@ -37,15 +37,19 @@ class GatherReduction(Reduction):
     dtype, and for finiteness. A checksum mismatch raises :class:`IntegrityError` (corruption in
     transit is never repaired in place); a non-finite row is dropped or aborts the step per
     ``on_nonfinite``. Agreement: headers before every exchange; the aggregate's digest at the next
-    step's header (or :meth:`verify`).
+    step's header (or :meth:`~robustagg.distributed.reduction.Reduction.verify`).
 
     Args:
-        rule, comm, on_nonfinite, check_digest: see :class:`~robustagg.distributed.Reduction`.
+        rule: see :class:`~robustagg.distributed.Reduction`.
+        comm: see :class:`~robustagg.distributed.Reduction`.
+        on_nonfinite: see :class:`~robustagg.distributed.Reduction`.
+        check_digest: see :class:`~robustagg.distributed.Reduction`.
 
     Shape: each submission ``(d,)``; aggregate ``(d,)`` in the submissions' dtype.
 
     Raises:
-        see :meth:`Reduction.reduce`.
+        DesyncError: as :meth:`Reduction.reduce`, which lists the others (integrity, non-finite,
+            requirement, collective).
 
     Example:
         >>> import torch, robustagg as ra

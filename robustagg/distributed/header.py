@@ -110,7 +110,9 @@ def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int) -
 
     Args:
         headers: one decoded header per rank, in rank order.
-        step, seq, tag: what this rank itself is about to do.
+        step: the step this rank itself is about to take.
+        seq: the collective number this rank itself is about to run.
+        tag: the tag of the collective this rank itself is about to run.
 
     Raises:
         DesyncError: the message lists every disagreeing field with the ranks and values.

@@ -64,7 +64,8 @@ def init_group(*, backend: str, rank: int, world_size: int, timeout: timedelta,
 
     Args:
         backend: ``"gloo"`` or ``"nccl"``.
-        rank, world_size: this process's rank and the number of processes.
+        rank: this process's rank.
+        world_size: the number of processes.
         timeout: how long any collective may wait for the others before it fails.
         init_method: ``"tcp://host:port"``; ``None`` reads ``MASTER_ADDR``/``MASTER_PORT`` (env://).
     """

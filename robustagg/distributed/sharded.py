@@ -187,7 +187,10 @@ def block_shares(rule: Aggregator, xs: torch.Tensor, stats: SliceStatistics, d_t
     (their maps' mixing needs every row).
 
     Args:
-        rule, xs, stats, center_block: as for :func:`aggregate_block` (call before the rule's state moves).
+        rule: as for :func:`aggregate_block` (call before the rule's state moves).
+        xs: as for :func:`aggregate_block`.
+        stats: as for :func:`aggregate_block`.
+        center_block: as for :func:`aggregate_block`.
         d_total: the full submission length ``d``.
 
     Returns:
@@ -354,7 +357,8 @@ class ShardedReduction(GatherReduction):
         row_shares: compute row shares every step (costs about one more pass of the rule).
         min_d: gather instead when the submissions have fewer than ``min_d`` coordinates
             (``mode="auto"`` uses :data:`AUTO_MIN_D`).
-        comm, on_nonfinite, check_digest: see :class:`~robustagg.distributed.Reduction`.
+        comm: see :class:`~robustagg.distributed.Reduction`.
+        **kwargs: ``on_nonfinite`` and ``check_digest``, see :class:`~robustagg.distributed.Reduction`.
 
     Raises:
         ConfigError: the rule has no sharded implementation (use ``gather``).

@@ -1,7 +1,7 @@
 """Pre-aggregation kernels that need no distances: bucketing, static clipping, ARC.
 
 Each reads ``x`` about twice (row norms, then the scaled or summed rows) and writes its ``(m, d)``
-output once, into memory backed by huge pages (:func:`~robustagg.functional._alloc.empty_rows`).
+output once, into memory backed by huge pages (``empty_rows`` in ``robustagg.functional._alloc``).
 """
 
 from __future__ import annotations

@@ -20,13 +20,14 @@ __all__ = ["GradientAttack", "LabelPoison", "ByzantineBehaviour"]
 class GradientAttack(Protocol):
     """``fn(honest, num_byzantine, own, generator) -> (num_byzantine, d)``.
 
-    Args:
-        honest: ``(h, d)`` the honest workers' submissions of this step, in rank order (an
-            attack whose knowledge model excludes them must only read their shape and dtype).
-        num_byzantine: number of rows to craft.
-        own: ``(num_byzantine, d)`` the Byzantine workers' own honestly computed submissions
-            (``None`` when the behaviour declares ``needs_exchange=False``).
-        generator: a seeded :class:`torch.Generator` whose state the trainer checkpoints.
+    The call's arguments:
+
+    - ``honest``: ``(h, d)`` the honest workers' submissions of this step, in rank order (an
+      attack whose knowledge model excludes them must only read their shape and dtype).
+    - ``num_byzantine``: number of rows to craft.
+    - ``own``: ``(num_byzantine, d)`` the Byzantine workers' own honestly computed submissions
+      (``None`` when the behaviour declares ``needs_exchange=False``).
+    - ``generator``: a seeded :class:`torch.Generator` whose state the trainer checkpoints.
 
     An object implementing it may also have ``state_dict()`` / ``load_state_dict(state)`` (stateful
     attacks such as mimic); the trainer saves and restores them.

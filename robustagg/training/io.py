@@ -31,6 +31,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; run files get the usual permissions
     try:
         write(tmp)
         with open(tmp, "rb+") as fh:

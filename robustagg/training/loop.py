@@ -191,7 +191,7 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         a :class:`RunSummary`.
 
     Raises:
-        whatever a step raises (desync, integrity, requirement, collective timeout).
+        DesyncError: and whatever else a step raises (integrity, requirement, collective timeout).
     """
     main = trainer.is_main
     kappas: list[float] = []

@@ -202,7 +202,8 @@ class Trainer:
 
         Raises:
             ShapeError: the injected attack returned the wrong shape.
-            and whatever :meth:`Reduction.reduce` raises (desync, integrity, requirement, timeout).
+            DesyncError: and whatever else :meth:`Reduction.reduce` raises (integrity, requirement,
+                timeout).
         """
         t0 = time.perf_counter()
         step = self.step_id
