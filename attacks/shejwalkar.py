@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import abc
+
 import copy
 import math
 from typing import Any, Callable, Optional
@@ -41,8 +43,9 @@ class _Perturbed(Attack):
         #: gamma found by the last call (input units), ``None`` before the first call.
         self.last_gamma: Optional[float] = None
 
+    @abc.abstractmethod
     def _gamma(self, y: torch.Tensor, mu: torch.Tensor, p: torch.Tensor) -> float:
-        raise NotImplementedError
+        """The largest gamma satisfying the attack's constraint (closed form), in scaled units."""
 
     def _craft(self, honest: torch.Tensor, f: int, *, own: Optional[torch.Tensor], rule: _Rule,
                generator: Optional[torch.Generator]) -> torch.Tensor:
