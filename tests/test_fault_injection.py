@@ -77,7 +77,6 @@ def test_faults_hit_worker_ids_not_ranks():
     (["faults=[checkpoint_crash]"], "no checkpoint is written at step 8"),
     (["faults=[crash]", "trainer.mode=simulated"], "fault injection needs trainer.mode=processes"),
     (["trainer.on_failure=shrink", "trainer.mode=simulated"], "on_failure=shrink needs the app's own launcher"),
-    (["faults=[corrupt]", "trainer.reduction=sharded"], "set trainer.reduction=gather"),
     (["+faults.x={kind: crash, rnk: 1}"], "Key 'rnk' not in 'FaultConf'"),
     (["trainer.on_failure=retry"], "trainer.on_failure must be restart or shrink"),
 ])
