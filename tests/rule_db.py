@@ -356,7 +356,7 @@ ERROR_CASES: list[ErrorCase] = [
     ErrorCase("unknown name in pipeline", lambda: ra.get("nnm>krumm", f=1), ra.ConfigError,
               r"^unknown aggregator 'krumm'; available: "),
     ErrorCase("unknown kwarg in pipeline", lambda: ra.get("nnm>krum", f=1, tau=2.0), ra.ConfigError,
-              r"^krum: .*unexpected keyword argument 'tau'.*See help\(robustagg\.Krum\)\.$"),
+              r"^krum: .*unexpected keyword argument 'tau'.*See help\(robustagg\.Krum\) for its parameters\.$"),
     ErrorCase("map last", lambda: ra.get("krum>nnm", f=1), ra.ConfigError,
               r"^krum>nnm: expected pre-aggregation maps then one rule, e\.g\. 'nnm>trimmed_mean'\.$"),
     ErrorCase("pre_params length", lambda: ra.build_pipeline("nnm>krum", f=1, pre_params=[{}, {}]), ra.ConfigError,

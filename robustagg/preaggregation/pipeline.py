@@ -141,7 +141,7 @@ def _build(name: str, params: dict[str, Any], f: int | None, strict: bool | None
     try:
         return cls(**kw)
     except TypeError as exc:
-        raise ConfigError(f"{name}: {exc}. See help(robustagg.{cls.__name__}).") from None
+        raise ConfigError(f"{name}: {exc}. See help(robustagg.{cls.__name__}) for its parameters.") from None
 
 
 def build_pipeline(spec: str, *, f: int | None = None, strict: bool | None = None,
