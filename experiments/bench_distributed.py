@@ -97,7 +97,6 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out_path: str) -> None:
                     rule.reset()
                 ms = _timed(fn, cfg["repeats"], cfg["warmup"], device)
                 rows.append(dict(mode=mode, rule=name, world=world, d=int(d), backend=cfg["backend"], median_ms=ms))
-            del gathered
     if rank == 0:
         Path(out_path).write_text(json.dumps(rows))
     dist.barrier()

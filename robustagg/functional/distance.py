@@ -26,9 +26,9 @@ import math
 import torch
 
 from ._alloc import empty_rows
-from .gram import gram, gram_to_sq_dist, robust_gram
+from .gram import gram_to_sq_dist, robust_gram
 
-__all__ = ["robust_center_row", "centered_gram", "pairwise_sq_distances", "krum_scores", "krum",
+__all__ = ["robust_center_row", "pairwise_sq_distances", "krum_scores", "krum",
            "multi_krum", "bulyan_select", "bulyan", "nnm", "nnm_weights", "mda", "mda_select",
            "centered_gram_reference", "pairwise_sq_distances_reference", "mean_of_rows"]
 
@@ -56,24 +56,8 @@ def _row_sq_dist_to(x: torch.Tensor, point64: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def centered_gram(x: torch.Tensor, center: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
-    """Float64 Gram matrix ``G[i, j] = <a_i - c, a_j - c>`` computed by column chunks (fast path).
-
-    Same value as :func:`centered_gram_reference` up to float64 rounding (BLAS ``dsyrk`` on CPU).
-
-    Args:
-        x: ``(n, d)`` rows.
-        center: ``(d,)`` the centre ``c``.
-        extra: optional ``(k, d)`` rows appended after ``x`` (without copying ``x``).
-
-    Returns:
-        ``(n + k, n + k)`` float64 Gram matrix of the (augmented) rows centred on ``c``.
-    """
-    return gram(x, center, extra)
-
-
 def centered_gram_reference(x: torch.Tensor, center: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
-    """Reference for :func:`centered_gram`: float64 ``torch.addmm`` over column chunks.
+    """Reference for :func:`~robustagg.functional.gram.gram` with a centre: float64 ``torch.addmm`` over column chunks.
 
     Args:
         x: ``(n, d)`` rows.
@@ -95,14 +79,6 @@ def centered_gram_reference(x: torch.Tensor, center: torch.Tensor, extra: torch.
     return g
 
 
-def _gram_to_sq_dist(g: torch.Tensor) -> torch.Tensor:
-    g = (g + g.T) * 0.5  # BLAS need not give G[i, j] == G[j, i] bitwise; exact symmetry keeps exact ties
-    sq = torch.diagonal(g)
-    dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_(min=0.0)
-    dist.fill_diagonal_(0.0)
-    return dist
-
-
 def pairwise_sq_distances(x: torch.Tensor) -> torch.Tensor:
     """Squared Euclidean distances between rows: ``(n, d) -> (n, n)`` float64, zero diagonal.
 
@@ -122,7 +98,7 @@ def pairwise_sq_distances_reference(x: torch.Tensor) -> torch.Tensor:
     """Reference for :func:`pairwise_sq_distances`: centred on :func:`robust_center_row`, ``addmm``."""
     c = x[robust_center_row(x)]
     g = centered_gram_reference(x, c)
-    dist = _gram_to_sq_dist(g)
+    dist = gram_to_sq_dist(g)
     _fix_overflow(x, dist)
     _tie_exact_duplicates(x, dist, torch.diagonal(g))
     return dist

@@ -57,17 +57,24 @@ def _numpy_blas_controller() -> Any:
     return _blas_threads
 
 
+def _fill(block: torch.Tensor, x: torch.Tensor, extra: torch.Tensor | None, c64: torch.Tensor | None,
+          start: int, stop: int) -> None:
+    """Copy columns ``start:stop`` of ``[x; extra]`` into the float64 ``block``, minus the centre."""
+    n = x.shape[0]
+    block[:n].copy_(x[:, start:stop])
+    if extra is not None:
+        block[n:].copy_(extra[:, start:stop])
+    if c64 is not None:
+        block.sub_(c64[start:stop])
+
+
 def _accumulate_chunks(x: torch.Tensor, extra: torch.Tensor | None, c64: torch.Tensor | None, buf: torch.Tensor,
                        g: np.ndarray, part: np.ndarray, cross: np.ndarray, k: int) -> None:
     n, d = x.shape
     for start in range(0, d, k):
         stop = min(start + k, d)
         block = buf[:, :stop - start]
-        block[:n].copy_(x[:, start:stop])
-        if extra is not None:
-            block[n:].copy_(extra[:, start:stop])
-        if c64 is not None:
-            block.sub_(c64[start:stop])
+        _fill(block, x, extra, c64, start, stop)
         b = block.numpy()
         # NumPy calls BLAS syrk for a @ a.T (half a general product). The extra rows go through a
         # separate small product: syrk is markedly slower when n + e is not a multiple of 4.
@@ -114,11 +121,7 @@ def _gram_torch(x: torch.Tensor, center: torch.Tensor | None, extra: torch.Tenso
     for start in range(0, d, k):
         stop = min(start + k, d)
         block = buf[:, :stop - start]
-        block[:n].copy_(x[:, start:stop])
-        if extra is not None:
-            block[n:].copy_(extra[:, start:stop])
-        if c64 is not None:
-            block.sub_(c64[start:stop])
+        _fill(block, x, extra, c64, start, stop)
         g.addmm_(block, block.T)
     return g
 

@@ -9,9 +9,8 @@ import torch
 
 from .. import functional as F
 from ..aggregators.base import positive_float, positive_int
-from ..errors import ConfigError
 from ..registry import register
-from ..requirements import Requirement, linear
+from ..requirements import linear
 from .base import PreAggregator
 
 __all__ = ["NNM", "Bucketing", "Clipping", "ARC"]

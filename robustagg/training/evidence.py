@@ -19,7 +19,7 @@ import re
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 

@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
 __all__ = ["atomic_write", "write_json", "save_model"]
