@@ -53,5 +53,11 @@ def test_howto_torchrun_restart_restores_the_committed_checkpoint(tmp_path):
     (rec,) = s["lineage"]
     assert rec["restored_from"] == 2 and rec["steps_replayed"] == [3, 3] and rec["reason"].startswith("torchrun restart 1")
     assert [(f["kind"], f["rank"], f["step"]) for f in s["faults"]["injected"]] == [("crash", 1, 4)]  # fired once
-    assert [(d["kind"], d["step"], d["lost"]) for d in s["faults"]["detected"]] == [("fail-stop", 4, [1])]
-    assert [p.name for p in (run / "evidence" / "attempt-0").iterdir()] == ["rank-0.json"]
+    # torchrun's agent stops the survivor itself; rank 0 usually writes its evidence first (then the
+    # detection names step 4 and only rank 1 as lost), but the race can go the other way, when the
+    # supervisor sees no evidence at all and counts both ranks as lost at an unknown step.
+    ((kind, step, lost),) = [(d["kind"], d["step"], d["lost"]) for d in s["faults"]["detected"]]
+    evidence = sorted(p.name for p in (run / "evidence" / "attempt-0").iterdir())
+    assert kind == "fail-stop" and 1 in lost and evidence in (["rank-0.json"], [])
+    if evidence:
+        assert (step, lost) == (4, [1])
