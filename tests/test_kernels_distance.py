@@ -1,6 +1,6 @@
 """Fast Gram-based distance kernels against per-pair differences and direct loops.
 
-- The one-pass float64 Gram (NumPy/BLAS syrk on CPU, ``torch.addmm`` elsewhere) equals the Gram
+- The one-pass float64 Gram (the compiled upper-triangle kernel on CPU, ``torch.addmm`` elsewhere) equals the Gram
   from the rows up to float64 rounding, with and without a centre and extra rows.
 - Distances match per-pair float64 differences to ~1e-12 relatively, including near-identical rows
   of large norm (the second, centred pass) and a 1e20 row in float32 (no overflow, no NaN).
@@ -105,6 +105,63 @@ def test_gram_uses_small_chunks_correctly(monkeypatch):
     x = torch.randn(7, 1000)
     want = x.double() @ x.double().T
     assert float((G.gram(x) - want).abs().max()) <= 1e-12 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 21])
+@pytest.mark.parametrize("d", [1, 3, 130])
+def test_gram_kernel_shapes_strides_and_padding(monkeypatch, m, d):
+    # Chunks of 64 columns (130 = 64 + 64 + 2), m not a multiple of the 2 x 4 tiles, strided rows.
+    monkeypatch.setattr(G, "GRAM_CHUNK_BYTES", 8 * 24 * 64)
+    g = torch.Generator().manual_seed(m * 1000 + d)
+    base = torch.randn(m, 3 * d, generator=g)
+    c = torch.randn(d, generator=g, dtype=torch.float64)
+    extra = torch.randn(2, d, generator=g)
+    for x in (base[:, :d], base[:, ::3], base[:, :d].T.contiguous().T, base[:, :d].double()):
+        rows = torch.cat([x.double(), extra.double()]) - c
+        want = rows @ rows.T
+        got = G.gram(x, c, extra)
+        assert got.shape == (m + 2, m + 2) and got.dtype == torch.float64
+        assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
+
+
+def test_gram_kernel_gives_identical_rows_bitwise_identical_entries(monkeypatch):
+    # Rows 0, 3 and 6 are equal: they sit in different 2 x 4 tiles, yet each entry is summed in the
+    # same order, so their Gram rows must agree bit for bit (Krum's ties depend on it).
+    monkeypatch.setattr(G, "GRAM_CHUNK_BYTES", 8 * 8 * 64)
+    x = torch.randn(7, 1001, generator=torch.Generator().manual_seed(4))
+    x[3] = x[0]
+    x[6] = x[0]
+    gm = G.gram(x)
+    others = [1, 2, 4, 5]
+    assert torch.equal(gm[0, others], gm[3, others]) and torch.equal(gm[0, others], gm[6, others])
+    assert gm[0, 0] == gm[3, 3] == gm[6, 6] == gm[0, 3] == gm[3, 6]
+
+
+def test_gram_kernel_splits_columns_over_threads(monkeypatch):
+    # Three threads over 1000 columns (parts 333/333/334, chunks of 64 inside each), summed in order.
+    monkeypatch.setattr(G, "MIN_COLUMNS_PER_THREAD", 300)
+    monkeypatch.setattr(G, "GRAM_CHUNK_BYTES", 8 * 12 * 64)
+    x = torch.randn(9, 1000, generator=torch.Generator().manual_seed(6))
+    c = torch.randn(1000, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    rows = x.double() - c
+    want = rows @ rows.T
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        got = G.gram(x, c)
+        again = G.gram(x, c)
+    finally:
+        torch.set_num_threads(saved)
+    assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
+    assert torch.equal(got, again)
+
+
+def test_gram_kernel_propagates_nan_and_inf():
+    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(5))
+    x[1, 7] = float("nan")
+    x[3, 9] = float("inf")
+    diag = torch.diagonal(G.gram(x))
+    assert torch.isnan(diag[1]) and diag[3] == float("inf") and torch.isfinite(diag[[0, 2, 4]]).all()
 
 
 def test_robust_gram_recentres_near_identical_rows_of_large_norm():
