@@ -7,7 +7,8 @@
   desynchronisation; each submission then travels framed with its checksum.
 - :mod:`~robustagg.distributed.reduction`: the :class:`Reduction` contract and the registry of
   modes; :mod:`~robustagg.distributed.gather` registers ``mode="gather"`` and
-  :mod:`~robustagg.distributed.sharded` registers ``mode="sharded"`` (coordinate slices).
+  :mod:`~robustagg.distributed.sharded_reduction` registers ``mode="sharded"`` on the coordinate-slice
+  kernels of :mod:`~robustagg.distributed.sharded`.
 - :mod:`~robustagg.distributed.launch`: process-group start-up with timeouts and a spawner that
   stops the whole group when one worker fails.
 
@@ -27,7 +28,8 @@ from .launch import (EnvRank, TerminatedError, WorkerFailedError, default_backen
                      from_environment, init_group, raise_on_sigterm, spawn)
 from .reduction import (NonFinitePolicy, Reduced, Reduction, frame, make_reduction, reduction_modes, register_reduction,
                         unframe)
-from .sharded import ShardedReduced, ShardedReduction, supports_sharding
+from .sharded import supports_sharding
+from .sharded_reduction import ShardedReduced, ShardedReduction
 
 __all__ = ["CollectiveError", "CollectiveRecord", "Communicator", "LocalComm", "ProcessGroupComm",
            "GatherReduction", "frame", "unframe", "Header", "check_headers", "EnvRank", "WorkerFailedError",

@@ -272,13 +272,14 @@ def make_reduction(mode: str, rule: Aggregator, comm: Communicator, **kwargs: ob
 
     ``mode="auto"`` picks ``"sharded"`` when the rule has a sharded implementation
     (:func:`~robustagg.distributed.sharded.supports_sharding`), else ``"gather"``; sharded then
-    gathers submissions shorter than :data:`~robustagg.distributed.sharded.AUTO_MIN_D` coordinates.
+    gathers submissions shorter than :data:`~robustagg.distributed.sharded_reduction.AUTO_MIN_D` coordinates.
 
     Raises:
         ConfigError: unknown mode (the message lists the registered ones).
     """
     if mode == "auto":
-        from .sharded import AUTO_MIN_D, supports_sharding
+        from .sharded import supports_sharding
+        from .sharded_reduction import AUTO_MIN_D
 
         if not supports_sharding(rule):
             mode = "gather"

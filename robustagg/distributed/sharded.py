@@ -11,7 +11,16 @@ Here each rank owns a contiguous slice of ``d / world`` coordinates:
    near-identical relative to their norm (:func:`robustagg.functional.gram.robust_gram`). Selections (Krum, Multi-Krum, Bulyan, MDA, NNM's neighbours) and weights (geometric
    median's Weiszfeld coefficients, centered clipping's clip factors) are computed from those on
    every rank identically and applied to the local block. Clipping-type maps all-reduce row norms.
-3. ``all_gather`` of the aggregated slices gives the ``(d,)`` aggregate on every rank.
+3. ``all_to_all`` again: every rank sends its aggregated slice to every rank (the same ``d_r``
+   values in each of its ``world`` send slots) and receives the ``(d,)`` aggregate directly in
+   coordinate order, with no padding or concatenation. An ``all_gather`` would move the same
+   bytes, but gloo's took about twice as long as ``all_to_all_single`` (measured at 8 ranks,
+   ``d = 1e7`` float32 on the 2-core development machine: 187 ms against 82 ms).
+
+Memory: large buffers are reused across steps (:func:`sharded_aggregate` keeps a small cache,
+:class:`~robustagg.distributed.sharded_reduction.ShardedReduction` its own wire buffers): glibc serves blocks above its mmap threshold
+(at most 32 MB) with fresh pages, and faulting them in every step cost about as much as the
+robust rule itself at ``d = 1e7``.
 
 Equality with ``mode="gather"``: coordinate-wise rules and selection rules whose selection is the
 same give bitwise-equal outputs; Gram sums are accumulated in another order (per slice, then
@@ -26,7 +35,8 @@ assumes the aggregation code on every rank is trusted, as a parameter server wou
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional
+from collections import OrderedDict
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,20 +44,14 @@ import torch.distributed as dist
 from .. import functional as F
 from ..aggregators import (Bulyan, CenteredClipping, GeometricMedian, Krum, MinimumDiameterAveraging, MultiKrum)
 from ..aggregators.base import Aggregator
-from ..errors import ConfigError
 from ..functional.gram import gram_to_sq_dist, robust_gram
 from ..functional.preagg import arc_factors_from_norms, clipping_factors_from_norms
 from ..functional.weiszfeld import clipping_iterations, weiszfeld_coefficients
-from ..errors import IntegrityError, NonFiniteInputError
-from ..integrity import checksum, inspect_rows
+from ..errors import ConfigError, ShapeError
 from ..preaggregation import ARC, NNM, Bucketing, Clipping, Pipeline, PreAggregator
-from .comm import CollectiveError, Communicator, ProcessGroupComm
-from .gather import GatherReduction
-from .header import Header, dtype_of
-from .reduction import NonFinitePolicy, Reduced, frame, register_reduction, unframe
 
 __all__ = ["shard_bounds", "SliceStatistics", "supports_sharding", "aggregate_block", "sharded_aggregate",
-           "ShardedReduction", "ShardedReduced", "block_shares", "AUTO_MIN_D"]
+           "clear_buffers", "block_shares"]
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 
@@ -230,29 +234,86 @@ def _centre_of(rule: Aggregator) -> Optional[CenteredClipping]:
     return inner if isinstance(inner, CenteredClipping) else None
 
 
-def sharded_aggregate(rule: Aggregator, local: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+#: :func:`sharded_aggregate`'s ``(receive, send)`` buffers, each ``(world * d_r,)``, keyed by
+#: ``(device, dtype, world, d_r)``; the two most recently used keys are kept (LRU).
+_BUFFERS: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+_BUFFER_KEYS = 2
+
+
+def _buffers(device: torch.device, dtype: torch.dtype, world: int, mine: int) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (device, dtype, world, mine)
+    bufs = _BUFFERS.pop(key, None)
+    if bufs is None:
+        bufs = (torch.empty(world * mine, dtype=dtype, device=device),
+                torch.empty(world * mine, dtype=dtype, device=device))
+    _BUFFERS[key] = bufs
+    while len(_BUFFERS) > _BUFFER_KEYS:
+        _BUFFERS.popitem(last=False)
+    return bufs
+
+
+def clear_buffers() -> None:
+    """Free the receive/send buffers that :func:`sharded_aggregate` keeps between calls."""
+    _BUFFERS.clear()
+
+
+def _check_out(out: torch.Tensor, local: torch.Tensor) -> None:
+    want = (local.numel(),)
+    if tuple(out.shape) != want or out.dtype != local.dtype or out.device != local.device:
+        raise ShapeError(f"out must be a {want} {local.dtype} tensor on {local.device} (the submission's length, "
+                         f"dtype and device); got {tuple(out.shape)} {out.dtype} on {out.device}. Allocate it "
+                         "with torch.empty_like(local.reshape(-1)).")
+    if not out.is_contiguous():
+        raise ShapeError("out must be contiguous (the all-to-all writes it as one buffer); pass a tensor "
+                         "from torch.empty_like(local.reshape(-1)).")
+
+
+def sharded_aggregate(rule: Aggregator, local: torch.Tensor, group: Optional[dist.ProcessGroup] = None, *,
+                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Robust aggregate of one submission per rank, computed coordinate-sharded.
 
     Every rank of ``group`` calls this with its own ``(d,)`` submission (world size = n workers)
-    and receives the same ``(d,)`` aggregate. The rule's requirement must have been checked for
-    ``n = world size`` (the caller validates integrity before aggregating: this function sees only
-    its slice of the other ranks' rows). Centered clipping's centre is updated on every rank.
+    and receives the same ``(d,)`` aggregate: an ``all_to_all`` of slices, the rule on this rank's
+    ``(n, d_r)`` block with global statistics (:func:`aggregate_block`), and an ``all_to_all`` of
+    the aggregated slices. The rule's requirement must have been checked for ``n = world size``
+    (the caller validates integrity before aggregating: this function sees only its slice of the
+    other ranks' rows). Centered clipping's centre is updated on every rank.
 
-    Shape: ``(d,) -> (d,)``, float dtype; the block travels in the submission's dtype.
+    Args:
+        rule: a rule for which :func:`supports_sharding` holds.
+        local: this rank's submission.
+        group: the process group (``None``: the default group).
+        out: where to write the aggregate (returned); ``None`` allocates a fresh tensor. At large
+            ``d`` a reused ``out`` saves faulting in fresh pages every call.
+
+    Shape: ``local`` ``(d,)`` (any shape is flattened), float dtype; ``out`` and the result
+    ``(d,)`` in ``local``'s dtype and device. The blocks travel in that dtype.
+
+    Returns:
+        ``out`` when given, else a new ``(d,)`` tensor; never one of the internal buffers.
 
     Raises:
+        ShapeError: ``out`` is not a contiguous ``(d,)`` tensor of ``local``'s dtype and device.
         ConfigError: the rule cannot be sharded (check :func:`supports_sharding` first).
+
+    Note:
+        The receive and send buffers (each about ``d`` elements, so about twice the submission
+        size in all) are kept between calls for the two most recent ``(device, dtype, world,
+        d_r)``; :func:`clear_buffers` frees them. The rule's block output may be a view of the
+        receive buffer: it is copied into the send buffer before the next exchange, so nothing
+        returned aliases a buffer the next call overwrites. Calls are not thread-safe.
     """
+    if out is not None:
+        _check_out(out, local)
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     d = local.numel()
     bounds = shard_bounds(d, world)
     sizes = [e - s for s, e in bounds]
     mine = sizes[rank]
-    recv = torch.empty(world * mine, dtype=local.dtype, device=local.device)
-    dist.all_to_all_single(recv, local.contiguous(), output_split_sizes=[mine] * world, input_split_sizes=sizes,
-                           group=group)
-    xs = recv.view(world, mine)
+    recv, send = _buffers(local.device, local.dtype, world, mine)
+    dist.all_to_all_single(recv, local.reshape(-1).contiguous(), output_split_sizes=[mine] * world,
+                           input_split_sizes=sizes, group=group)
 
     def allreduce(t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous()
@@ -262,206 +323,11 @@ def sharded_aggregate(rule: Aggregator, local: torch.Tensor, group: Optional[dis
     cc = _centre_of(rule)
     start, end = bounds[rank]
     center_block = None if cc is None or cc.center is None else cc.center[start:end]
-    block = aggregate_block(rule, xs, SliceStatistics(allreduce), center_block)
-    width = max(sizes)
-    padded = torch.zeros(width, dtype=block.dtype, device=block.device)
-    padded[:mine] = block
-    gathered = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded, group=group)
-    out = torch.cat([g[:sz] for g, sz in zip(gathered, sizes)])
+    block = aggregate_block(rule, recv.view(world, mine), SliceStatistics(allreduce), center_block)
+    send.view(world, mine).copy_(block.detach())  # the same aggregated slice in every rank's send slot
+    if out is None:
+        out = torch.empty(d, dtype=local.dtype, device=local.device)
+    dist.all_to_all_single(out, send, output_split_sizes=sizes, input_split_sizes=[mine] * world, group=group)
     if cc is not None:
         cc.center = out.clone()
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# The trainer's reduction mode
-# --------------------------------------------------------------------------------------------
-
-class ShardedReduced(Reduced):
-    """A :class:`~robustagg.distributed.Reduced` of the sharded mode: no rank holds every row.
-
-    ``matrix`` is ``None``; instead ``moments`` holds the global sums from which the per-step
-    metrics of *any* honest set follow without another collective (see :meth:`metrics_for`):
-    ``gram`` ``(k, k)`` of the kept rows centred on ``c`` (the robust centre row), ``cross`` ``(k,)``
-    ``<x_i - c, F - c>``, ``fc`` ``||F - c||^2``, ``xc`` ``(k,)`` ``<x_i - c, c>``, ``cc`` ``||c||^2``.
-    """
-
-    moments: dict[str, torch.Tensor]
-
-    def metrics_for(self, honest_mask: torch.Tensor) -> dict[str, float]:
-        """Per-step metrics for the kept rows in ``honest_mask``, without another collective.
-
-        ``agg/kappa_hat``, ``agg/dev_norm``, ``agg/cosine``, ``agg/retained`` and, when the
-        reduction computed row shares, ``agg/byz_accepted`` and ``agg/honest_weight/<rank>``: the
-        definitions of :func:`robustagg.metrics.step_metrics`.
-
-        Args:
-            honest_mask: ``(n,)`` bool over every worker (dropped rows are ignored).
-        """
-        mk = torch.as_tensor(honest_mask, dtype=torch.bool)[self.kept].to(torch.float64)
-        h = float(mk.sum())
-        if h == 0:
-            return {}
-        m = self.moments
-        g, w = m["gram"], mk / h
-        mu_c2 = float(w @ g @ w)                                   # ||mu_H - c||^2
-        dev2 = float(m["fc"] - 2 * (w @ m["cross"]) + mu_c2)       # ||F - mu_H||^2
-        var = float((mk @ torch.diagonal(g)) / h - mu_c2)          # V(H)
-        mu2 = mu_c2 + 2 * float(w @ m["xc"]) + float(m["cc"])      # ||mu_H||^2
-        f2 = float(m["fc"]) + 2 * float(m["fx"]) + float(m["cc"])  # ||F||^2
-        fmu = float(w @ m["cross"]) + float(w @ m["xc"]) + float(m["fx"]) + float(m["cc"])  # <F, mu_H>
-        dev2, var, mu2, f2 = max(dev2, 0.0), max(var, 0.0), max(mu2, 0.0), max(f2, 0.0)
-        shares: dict[str, float] = {}
-        if self.weights is not None:
-            w = self.weights.double().cpu()
-            total = float(w.sum())
-            honest = [j for j, r in enumerate(self.kept) if bool(mk[j])]
-            byz = [j for j in range(len(self.kept)) if not bool(mk[j])]
-            shares["agg/byz_accepted"] = float(w[byz].sum()) / total if total > 0 else math.nan
-            shares.update({f"agg/honest_weight/{self.kept[j]}": float(w[j]) for j in honest})
-        return shares | {
-            "agg/kappa_hat": 0.0 if dev2 == 0 else (dev2 / var if var > 0 else math.inf),
-            "agg/dev_norm": math.sqrt(dev2 / mu2) if mu2 > 0 else math.nan,
-            "agg/cosine": fmu / math.sqrt(f2 * mu2) if f2 > 0 and mu2 > 0 else math.nan,
-            "agg/retained": fmu / mu2 if mu2 > 0 else math.nan,
-        }
-
-
-#: ``trainer.reduction=auto`` shards only submissions of at least this many coordinates: below it
-#: the five small collectives of a sharded step cost more than gathering (measured on the 2-core
-#: development machine: a 4.8k-parameter MLP on 10 gloo processes took 0.22 s per step sharded,
-#: 0.10-0.13 s gathered).
-AUTO_MIN_D = 1 << 16
-
-
-@register_reduction("sharded")
-class ShardedReduction(GatherReduction):
-    """Robust reduction by coordinate shards: ``all_to_all`` of slices, a rule per slice, ``all_gather``.
-
-    In a process group each rank receives slice r of every submission, each slice framed with its
-    own checksum (so corruption in transit is caught by the rank that owns the slice); a small
-    ``all_reduce`` of per-row verdicts (corrupted, non-finite) makes every rank drop or abort on the
-    same rows; then :func:`aggregate_block` runs the rule on the slice with global statistics, and
-    an ``all_gather`` returns the aggregate to every rank. Headers and digest agreement are the
-    base class's. In one process (:class:`~robustagg.distributed.LocalComm`, the simulated mode)
-    every row is local anyway and this behaves exactly like ``gather``.
-
-    Per-step metrics: no rank holds every row, so the reduction all-reduces the small moments of
-    :class:`ShardedReduced` and the trainer derives ``agg/kappa_hat``, ``agg/dev_norm``,
-    ``agg/cosine`` and ``agg/retained`` from them; with ``row_shares`` it also computes every
-    row's share (:func:`block_shares`: ``agg/byz_accepted``, ``agg/honest_weight/i``), except for
-    pipelines, whose maps need every row (use ``gather`` or a simulated run for those).
-
-    Args:
-        rule: a rule for which :func:`supports_sharding` holds.
-        row_shares: compute row shares every step (costs about one more pass of the rule).
-        min_d: gather instead when the submissions have fewer than ``min_d`` coordinates
-            (``mode="auto"`` uses :data:`AUTO_MIN_D`).
-        comm: see :class:`~robustagg.distributed.Reduction`.
-        **kwargs: ``on_nonfinite`` and ``check_digest``, see :class:`~robustagg.distributed.Reduction`.
-
-    Raises:
-        ConfigError: the rule has no sharded implementation (use ``gather``).
-        Others: see :meth:`Reduction.reduce <robustagg.distributed.Reduction.reduce>`.
-    """
-
-    def __init__(self, rule: Aggregator, comm: Communicator, *, row_shares: bool = True, min_d: int = 0,
-                 **kwargs: Any) -> None:
-        if not supports_sharding(rule):
-            raise ConfigError(f"{type(rule).__name__} has no sharded implementation; use trainer.reduction=gather.")
-        super().__init__(rule, comm, **kwargs)
-        #: submissions shorter than this are gathered instead (latency of the extra collectives
-        #: dominates for small models); the same on every rank, since the headers agree on d.
-        self.min_d = int(min_d)
-        #: also compute every row's share in the aggregate (:func:`block_shares`) for the metrics.
-        self.row_shares = bool(row_shares)
-
-    def _collective(self, op: str, t: torch.Tensor, fn: Callable[[], Any]) -> None:
-        comm = self.comm
-        comm.seq += 1
-        rec = comm.begin_record(op, tuple(t.shape), str(t.dtype))  # evidence names the collective in flight
-        try:
-            fn()
-        except Exception as exc:  # backend errors differ by backend and version
-            raise CollectiveError(f"{op} #{comm.seq} (shape {tuple(t.shape)}, {t.dtype}) failed on rank "
-                                  f"{comm.rank}: {exc}") from exc
-        comm.end_record(rec)
-
-    def _allreduce(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.contiguous()
-        group = getattr(self.comm, "group", None)
-        self._collective("all_reduce", t, lambda: dist.all_reduce(t, group=group))
-        return t
-
-    def reduce(self, rows: Mapping[int, torch.Tensor], *, step: int,
-               aux: Optional[Mapping[int, tuple[float, float]]] = None, want_weights: bool = False,
-               headers: Optional[list[Header]] = None) -> Reduced:
-        """See :meth:`Reduction.reduce <robustagg.distributed.Reduction.reduce>`; no ``matrix`` in a process group."""
-        if headers is None:
-            headers = self.announce(rows, step=step, aux=aux)
-        comm = self.comm
-        if not isinstance(comm, ProcessGroupComm) or headers[0].numel < self.min_d:
-            return super().reduce(rows, step=step, aux=aux, want_weights=want_weights, headers=headers)
-        group, world, rank = comm.group, comm.world_size, comm.rank
-        dtype = dtype_of(headers[0].dtype)
-        local = rows[rank].to(device=comm.device, dtype=dtype).reshape(-1).contiguous()
-        bounds = shard_bounds(local.numel(), world)
-        size = local.element_size()
-        send = torch.cat([frame(local[s:e]) for s, e in bounds])
-        if self.tamper is not None:  # fault injection (corruption after the checksums were taken)
-            send = self.tamper(step, rank, send)
-        send_sizes = [(e - s) * size + 8 for s, e in bounds]
-        mine = bounds[rank][1] - bounds[rank][0]
-        recv = torch.empty(world * (mine * size + 8), dtype=torch.uint8, device=comm.device)
-        self._collective("all_to_all", send, lambda: dist.all_to_all_single(
-            recv, send, output_split_sizes=[mine * size + 8] * world, input_split_sizes=send_sizes, group=group))
-        block, sums = unframe(recv.view(world, -1), dtype)
-        reports = inspect_rows(block, sums, expected_dtype=dtype)
-        verdict = torch.tensor([[float(r.corrupted), float(not r.finite)] for r in reports], dtype=torch.float64,
-                               device=comm.device)
-        verdict = self._allreduce(verdict)
-        corrupted = [i for i in range(world) if verdict[i, 0] > 0]
-        if corrupted:
-            raise IntegrityError(f"step {step}: slices of the submissions of rank(s) {corrupted} do not match their "
-                                 "checksums (corrupted in transit).")
-        bad = [i for i in range(world) if verdict[i, 1] > 0]
-        if bad and self.on_nonfinite is NonFinitePolicy.ABORT:
-            raise NonFiniteInputError(f"step {step}: submissions of rank(s) {bad} hold NaN or inf. Set "
-                                      "on_nonfinite='drop' to leave such rows out and count them as faults.")
-        self.faults.extend((step, r) for r in bad)
-        kept = [i for i in range(world) if i not in bad]
-        if not kept:
-            raise IntegrityError(f"step {step}: every submission is non-finite; nothing to aggregate.")
-        self.rule.check(len(kept))
-        xs = block if not bad else block[kept]
-        stats = SliceStatistics(self._allreduce)
-        cc = _centre_of(self.rule)
-        start, end = bounds[rank]
-        center_block = None if cc is None or cc.center is None else cc.center[start:end].to(xs.device)
-        shares = block_shares(self.rule, xs, stats, local.numel(), center_block) if self.row_shares else None
-        out_block = aggregate_block(self.rule, xs, stats, center_block)
-        moments = self._moments(xs, out_block, stats)
-        width = max(e - s for s, e in bounds)
-        padded = torch.zeros(width, dtype=out_block.dtype, device=out_block.device)
-        padded[:mine] = out_block
-        gathered = [torch.empty_like(padded) for _ in range(world)]
-        self._collective("all_gather", padded, lambda: dist.all_gather(gathered, padded, group=group))
-        aggregate = torch.cat([g[:e - s] for g, (s, e) in zip(gathered, bounds)])
-        if cc is not None:
-            cc.center = aggregate.clone()
-        digest = checksum(aggregate)
-        self.last_digest = digest
-        out = ShardedReduced(aggregate=aggregate, step=step, seq=comm.seq, headers=headers, matrix=None, kept=kept,
-                             dropped=bad, reports=[], digest=digest, weights=shares)
-        out.moments = moments
-        return out
-
-    def _moments(self, xs: torch.Tensor, out_block: torch.Tensor, stats: SliceStatistics) -> dict[str, torch.Tensor]:
-        # One robust Gram of [x_1..x_k, F, 0] relative to some centre c: every inner product the
-        # metrics need follows, whichever centre robust_gram chose (the zero row gives -c).
-        n = xs.shape[0]
-        extra = torch.stack([out_block.to(xs.dtype), torch.zeros_like(out_block, dtype=xs.dtype)])
-        g = stats.gram(xs, extra).cpu()
-        return {"gram": g[:n, :n], "cross": g[:n, n], "fc": g[n, n], "xc": -g[:n, n + 1], "cc": g[n + 1, n + 1],
-                "fx": -g[n, n + 1]}
