@@ -30,7 +30,7 @@ import torch
 from hydra.utils import instantiate
 
 from robustagg.checkpoint import CheckpointStore, append_jsonl, read_jsonl
-from robustagg.distributed import (Communicator, EnvRank, LocalComm, ProcessGroupComm, WorkerFailedError,
+from robustagg.distributed import (Communicator, EnvRank, LocalComm, ProcessGroupComm, ShardedReduction, WorkerFailedError,
                                    destroy_group, free_port, init_group, make_reduction, raise_on_sigterm, spawn)
 from robustagg.errors import AssumptionWarning
 from robustagg.training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, evaluate, fit,
@@ -85,6 +85,8 @@ def _run_worker(plan: Plan, comm: Communicator, device: torch.device, attempt: A
     model, optimizer, scheduler = build_model_and_optimizer(plan, cfg, device)
     rule = build_rule(cfg)
     reduction = make_reduction(str(tr.reduction), rule, comm, on_nonfinite=str(tr.on_nonfinite))
+    if isinstance(reduction, ShardedReduction):
+        reduction.metrics = bool(tr.metrics)  # its moments and shares cost collectives on every rank
     byzantine = build_byzantine(plan, cfg, rule)
     shards = {}
     for r in comm.local_ranks:

@@ -152,6 +152,11 @@ def _reuse_worker(rank, out_dir):
     red = ShardedReduction(ra.get("trimmed_mean", f=1), ProcessGroupComm(), row_shares=False)
     aggs = [red.reduce({rank: _rows(step)[rank].clone()}, step=i).aggregate for i, step in enumerate("AB")]
     result["reduction"] = {"aggs": [a.tolist() for a in aggs], "last_op": red.comm.last_completed.op}
+    for metrics in (True, False):  # trainer.metrics=false skips the moments' Gram and its all-reduce
+        r = ShardedReduction(ra.get("trimmed_mean", f=1), ProcessGroupComm(), metrics=metrics)
+        out = r.reduce({rank: _rows("A")[rank].clone()}, step=0)
+        result[f"metrics={metrics}"] = {"agg": out.aggregate.tolist(), "collectives": r.comm.seq,
+                                        "keys": sorted(out.metrics_for(torch.ones(WORLD, dtype=torch.bool)))}
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(result))
 
 
@@ -172,6 +177,12 @@ def test_consecutive_calls_reuse_buffers_without_leaking_the_previous_step(tmp_p
         assert red["aggs"][0] == pytest.approx(_expected("trimmed_mean", "A"), rel=1e-6)
         assert red["aggs"][1] == pytest.approx(_expected("trimmed_mean", "B"), rel=1e-6)
         assert red["last_op"] == "all_to_all"  # the final exchange is recorded in the evidence
+        on, off = got["metrics=True"], got["metrics=False"]
+        assert on["agg"] == off["agg"] == pytest.approx(_expected("trimmed_mean", "A"), rel=1e-6)
+        assert "agg/kappa_hat" in on["keys"] and "agg/byz_accepted" in on["keys"] and off["keys"] == []
+        # header, all_to_all, verdict all_reduce, final all_to_all (+ the digest agreement) without metrics;
+        # the shares' and the moments' all-reduces only with them
+        assert off["collectives"] < on["collectives"]
 
 
 @pytest.mark.parametrize("out,match", [

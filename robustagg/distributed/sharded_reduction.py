@@ -62,7 +62,7 @@ class ShardedReduced(Reduced):
         """
         mk = torch.as_tensor(honest_mask, dtype=torch.bool)[self.kept].to(torch.float64)
         h = float(mk.sum())
-        if h == 0:
+        if h == 0 or not self.moments:  # no honest row kept, or the reduction ran with metrics=False
             return {}
         m = self.moments
         g, w = m["gram"], mk / h
@@ -119,6 +119,9 @@ class ShardedReduction(GatherReduction):
     Args:
         rule: a rule for which :func:`supports_sharding` holds.
         row_shares: compute row shares every step (costs about one more pass of the rule).
+        metrics: compute the metric moments (and, with ``row_shares``, the shares) every step; the
+            trainer sets it from ``trainer.metrics``. When false, :meth:`ShardedReduced.metrics_for`
+            returns no metrics and the step saves one robust Gram pass and an all-reduce.
         min_d: gather instead when the submissions have fewer than ``min_d`` coordinates
             (``mode="auto"`` uses :data:`AUTO_MIN_D`).
         comm: see :class:`~robustagg.distributed.Reduction`.
@@ -129,8 +132,8 @@ class ShardedReduction(GatherReduction):
         Others: see :meth:`Reduction.reduce <robustagg.distributed.Reduction.reduce>`.
     """
 
-    def __init__(self, rule: Aggregator, comm: Communicator, *, row_shares: bool = True, min_d: int = 0,
-                 **kwargs: Any) -> None:
+    def __init__(self, rule: Aggregator, comm: Communicator, *, row_shares: bool = True, metrics: bool = True,
+                 min_d: int = 0, **kwargs: Any) -> None:
         if not supports_sharding(rule):
             raise ConfigError(f"{type(rule).__name__} has no sharded implementation; use trainer.reduction=gather.")
         super().__init__(rule, comm, **kwargs)
@@ -139,6 +142,8 @@ class ShardedReduction(GatherReduction):
         self.min_d = int(min_d)
         #: also compute every row's share in the aggregate (:func:`~robustagg.distributed.sharded.block_shares`) for the metrics.
         self.row_shares = bool(row_shares)
+        #: compute the metric moments (and shares) every step; the same on every rank.
+        self.metrics = bool(metrics)
         self._wire: Optional[tuple[tuple[Any, ...], torch.Tensor, torch.Tensor]] = None
 
     def _wire_buffers(self, device: torch.device, dtype: torch.dtype, world: int, d: int,
@@ -214,9 +219,10 @@ class ShardedReduction(GatherReduction):
         cc = _centre_of(self.rule)
         start, end = bounds[rank]
         center_block = None if cc is None or cc.center is None else cc.center[start:end].to(xs.device)
-        shares = block_shares(self.rule, xs, stats, local.numel(), center_block) if self.row_shares else None
+        shares = (block_shares(self.rule, xs, stats, local.numel(), center_block)
+                  if self.metrics and self.row_shares else None)
         out_block = aggregate_block(self.rule, xs, stats, center_block)
-        moments = self._moments(xs, out_block, stats)
+        moments = self._moments(xs, out_block, stats) if self.metrics else {}
         # The frames have left: their buffer's first world * d_r elements (<= d + world - 1, which
         # fits in d * size + 8 * world bytes) carry this rank's aggregated slice once per rank.
         final = wire[:world * mine * size].view(dtype)
