@@ -299,8 +299,10 @@ def _print(table: pd.DataFrame) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    out = Table(title=f"robustagg kernels ({machine()})")
-    shown = ["rule", "n", "f", "d", "median_ms", "ratio_to_mean", "kernel_ratio_to_mean", "naive_ms",
+    out = Table(title=f"robustagg kernels ({machine()})",
+                caption="mean_ms: the bare x.mean(0), the floor every ratio divides by; the 'mean' row is the "
+                        "class call (with its NaN/inf check)")
+    shown = ["rule", "n", "f", "d", "mean_ms", "median_ms", "ratio_to_mean", "kernel_ratio_to_mean", "naive_ms",
              "speedup_vs_naive", "peak_extra_mem_x", "note"]
     for col in shown:
         out.add_column(col, justify="left" if col in ("rule", "note") else "right")

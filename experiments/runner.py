@@ -33,6 +33,7 @@ from robustagg.checkpoint import CheckpointStore, append_jsonl, read_jsonl
 from robustagg.distributed import (Communicator, EnvRank, LocalComm, ProcessGroupComm, ShardedReduction, WorkerFailedError,
                                    destroy_group, free_port, init_group, make_reduction, raise_on_sigterm, spawn)
 from robustagg.errors import AssumptionWarning
+from robustagg.functional.gram import warm_up
 from robustagg.training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, evaluate, fit,
                                 read_evidence, restore, save_model, seed_everything, write_evidence, write_json)
 from robustagg.training.faults import fired_faults
@@ -82,6 +83,7 @@ def _run_worker(plan: Plan, comm: Communicator, device: torch.device, attempt: A
     tr = cfg.trainer
     torch.set_num_threads(int(tr.threads))
     seed_everything(int(cfg.seed))
+    warm_up()  # the Gram kernel's first-call cost must not land in a timed step or a collective
     model, optimizer, scheduler = build_model_and_optimizer(plan, cfg, device)
     rule = build_rule(cfg)
     reduction = make_reduction(str(tr.reduction), rule, comm, on_nonfinite=str(tr.on_nonfinite))
@@ -237,6 +239,7 @@ def run_spawned(plan: Plan) -> dict[str, Any]:
     explicit = resume if resume not in ("auto", "never") else ""
     attempt = Attempt(number=0, resume=resume)
     out = Path(plan.out_dir)
+    warm_up()  # compile once here (forked workers inherit it, spawned ones load Numba's cache)
     while True:
         port = int(tr.port) or free_port(addr)
         try:

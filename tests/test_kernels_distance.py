@@ -277,3 +277,11 @@ def test_gram_kernels_reject_nan_and_inf_rows_from_the_gram_diagonal():
                  lambda: F.nnm(x, 1), lambda: F.centered_clipping(x, 1.0, 2, torch.zeros(500))):
         with pytest.raises(ra.NonFiniteInputError, match=r"rows \[3, 5\]"):
             call()
+
+
+def test_warm_up_compiles_the_kernel_for_both_dtypes_and_layouts():
+    from robustagg.functional._gram_kernel import gram_upper
+
+    G.warm_up()
+    seen = {(str(sig[0].dtype), sig[0].layout) for sig in gram_upper.signatures}
+    assert {("float32", "C"), ("float32", "A"), ("float64", "C"), ("float64", "A")} <= seen

@@ -148,10 +148,14 @@ def _reuse_worker(rank, out_dir):
         r = {"second": second.tolist(), "second_is_out": second is buf}
         r["other_d"] = sharded_aggregate(rule, _rows("B", 7)[rank].clone()).tolist()  # another slice size
         r["third"] = sharded_aggregate(rule, _rows("A")[rank].clone(), out=buf).tolist()  # the first buffers again
+        r["tiny"] = sharded_aggregate(rule, _rows("A", 3)[rank].clone()).tolist()  # d < world: ranks 3, 4 own nothing
         result[name] = r | {"first": first.tolist(), "first_untouched": bool(torch.equal(first, kept))}
     red = ShardedReduction(ra.get("trimmed_mean", f=1), ProcessGroupComm(), row_shares=False)
     aggs = [red.reduce({rank: _rows(step)[rank].clone()}, step=i).aggregate for i, step in enumerate("AB")]
     result["reduction"] = {"aggs": [a.tolist() for a in aggs], "last_op": red.comm.last_completed.op}
+    tiny = ShardedReduction(ra.get("trimmed_mean", f=1), ProcessGroupComm()).reduce({rank: _rows("A", 3)[rank].clone()},
+                                                                                  step=0)
+    result["tiny_reduction"] = {"agg": tiny.aggregate.tolist(), "shares": tiny.weights.tolist()}
     for metrics in (True, False):  # trainer.metrics=false skips the moments' Gram and its all-reduce
         r = ShardedReduction(ra.get("trimmed_mean", f=1), ProcessGroupComm(), metrics=metrics)
         out = r.reduce({rank: _rows("A")[rank].clone()}, step=0)
@@ -172,6 +176,11 @@ def test_consecutive_calls_reuse_buffers_without_leaking_the_previous_step(tmp_p
             assert g["second"] == pytest.approx(_expected(name, "B"), rel=1e-6), (rank, name)
             assert g["other_d"] == pytest.approx(_expected(name, "B", 7), rel=1e-6), (rank, name)
             assert g["third"] == pytest.approx(_expected(name, "A"), rel=1e-6), (rank, name)
+            assert g["tiny"] == pytest.approx(_expected(name, "A", 3), rel=1e-6), (rank, name)
+        tiny = got["tiny_reduction"]
+        assert tiny["agg"] == pytest.approx(_expected("trimmed_mean", "A", 3), rel=1e-6)
+        # every coordinate keeps rows 1, 2, 3 (1/3 each) whichever rank owns it; empty slices add nothing
+        assert tiny["shares"] == pytest.approx([0.0, 1 / 3, 1 / 3, 1 / 3, 0.0], abs=1e-12)
         red = got["reduction"]
         # the returned aggregates are the caller's: step A's is intact after step B
         assert red["aggs"][0] == pytest.approx(_expected("trimmed_mean", "A"), rel=1e-6)

@@ -23,9 +23,11 @@ Memory: large buffers are reused across steps (:func:`sharded_aggregate` keeps a
 robust rule itself at ``d = 1e7``.
 
 Equality with ``mode="gather"``: coordinate-wise rules and selection rules whose selection is the
-same give bitwise-equal outputs; Gram sums are accumulated in another order (per slice, then
-across ranks), so weighted rules (GM, centered clipping) and near-tied selections agree to float64
-rounding of the distances (tested to 1e-6 relative on the outputs).
+same give bitwise-equal outputs. Gram sums are accumulated in another order (per slice, then
+across ranks), so weighted rules (GM, centered clipping) agree to float64 rounding of the
+distances (tested to 1e-6 relative on the outputs), and a selection between candidates whose
+scores lie within that rounding of each other may pick a different row. Bitwise-identical rows
+still tie exactly (the same summation order for every Gram entry) and the lowest index wins.
 
 Trust assumption: sharding moves the *computation* of the trusted aggregation onto the ranks. It
 assumes the aggregation code on every rank is trusted, as a parameter server would be; a Byzantine
@@ -182,6 +184,13 @@ def aggregate_block(rule: Aggregator, xs: torch.Tensor, stats: SliceStatistics,
     raise ConfigError(f"{type(rule).__name__} has no sharded implementation; use mode='gather'.")
 
 
+def _width_weighted(shares: Callable[[], torch.Tensor], xs: torch.Tensor) -> torch.Tensor:
+    """Per-block shares times the block's width (zeros for an empty block: d < world leaves some ranks none)."""
+    if xs.shape[1] == 0:
+        return torch.zeros(xs.shape[0], dtype=torch.float64, device=xs.device)
+    return shares() * xs.shape[1]
+
+
 def block_shares(rule: Aggregator, xs: torch.Tensor, stats: SliceStatistics, d_total: int,
                  center_block: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Global row shares (``rule.weights`` of the full rows) from one coordinate block, or ``None``.
@@ -206,7 +215,7 @@ def block_shares(rule: Aggregator, xs: torch.Tensor, stats: SliceStatistics, d_t
     if isinstance(rule, Pipeline):
         return None
     if rule.coordinatewise:
-        return stats.allreduce(rule._weights(xs) * xs.shape[1]) / d_total
+        return stats.allreduce(_width_weighted(lambda: rule._weights(xs), xs)) / d_total
     if isinstance(rule, Krum):
         return selection_weights(n, torch.argmin(F.krum_scores(stats.sq_dist(xs), rule.f)).reshape(1))
     if isinstance(rule, MultiKrum):
@@ -219,7 +228,8 @@ def block_shares(rule: Aggregator, xs: torch.Tensor, stats: SliceStatistics, d_t
         sel = F.bulyan_select(stats.sq_dist(xs), f, n - 2 * f)
         sub = xs[sel.to(xs.device)]
         w = torch.zeros(n, dtype=torch.float64)
-        w[sel] = (stats.allreduce(meamed_weights(sub, 2 * f, F.coordinate_median(sub)) * xs.shape[1]) / d_total).cpu()
+        w[sel] = (stats.allreduce(_width_weighted(lambda: meamed_weights(sub, 2 * f, F.coordinate_median(sub)), sub))
+                  / d_total).cpu()
         return w
     if isinstance(rule, GeometricMedian):
         return _gm_coefficients(rule, xs, stats)[:n]

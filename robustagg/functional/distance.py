@@ -12,7 +12,9 @@ rows get bitwise-equal distances (exact ties, broken by the lowest index as the 
 Readable references: :func:`pairwise_sq_distances_reference` (the robust centre from two extra
 passes, ``torch.addmm`` in float64) and :func:`centered_gram_reference`. Selections made from the
 fast distances equal those from the references except where two candidates' scores differ by less
-than float64 rounding (about 1e-13 relatively), which exact ties never do.
+than float64 rounding of the distances (about 1e-12 relatively). Ties between bitwise-identical
+rows are always exact; candidates from different rows whose scores tie in exact arithmetic may be
+split either way by rounding, in any implementation.
 
 Outputs that average selected rows (Multi-Krum, NNM) sum exactly the rows the reference sums, in
 another order (a 0/1 or ``1/k`` weight vector times ``x``): they differ only by summation order.
@@ -83,7 +85,8 @@ def pairwise_sq_distances(x: torch.Tensor) -> torch.Tensor:
     """Squared Euclidean distances between rows: ``(n, d) -> (n, n)`` float64, zero diagonal.
 
     Exact to float64 rounding relative to the distances themselves for near-identical rows; finite
-    for any finite input (``inf`` only where the true value exceeds float64's range); bitwise-equal
+    for any finite input (a true value beyond float64's range saturates at its largest finite
+    value, ~1.8e308); bitwise-equal
     rows have bitwise-equal rows of distances. One pass over ``x`` (two for near-identical rows of
     large norm), see :func:`~robustagg.functional.gram.robust_gram`.
     """

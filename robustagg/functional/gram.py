@@ -31,7 +31,7 @@ import torch
 
 from .._tensor import check_finite
 
-__all__ = ["gram", "robust_gram", "gram_to_sq_dist", "RHO_MAX", "GRAM_CHUNK_BYTES"]
+__all__ = ["gram", "robust_gram", "gram_to_sq_dist", "warm_up", "RHO_MAX", "GRAM_CHUNK_BYTES"]
 
 #: Largest accepted ratio (median squared row norm) / (median squared pairwise distance) for the
 #: uncentred first pass; above it the Gram is recomputed centred on a central row.
@@ -114,9 +114,30 @@ def gram(x: torch.Tensor, center: torch.Tensor | None = None, extra: torch.Tenso
     Returns:
         ``(n + e, n + e)`` float64, exactly symmetric, on ``x.device``.
     """
+    x = x.detach()  # a Gram matrix is a statistic of the submissions, never part of an autograd graph
+    center = None if center is None else center.detach()
+    extra = None if extra is None else extra.detach()
     fast = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
     g = _gram_cpu(x, center, extra) if fast else _gram_torch(x, center, extra)
     return (g + g.T) * 0.5  # exactly symmetric (a general product need not be); no-op on a symmetric g
+
+
+def warm_up() -> None:
+    """Compile, or load from Numba's on-disk cache, the CPU Gram kernel for the usual layouts.
+
+    The first Gram call of a process otherwise pays for it: about 0.5 s to import Numba and load
+    the cached machine code, or 2 to 3 s per signature (float32/float64, contiguous/strided rows)
+    when nothing is cached yet (a fresh install; the cache lives in ``__pycache__`` beside the
+    kernel's source, or Numba's user cache directory when that is read-only). The trainer calls
+    this in the launcher before the workers start and in every worker before its first step, so
+    that the cost lands neither in a timed step (where it would look like a straggler) nor inside
+    a collective's timeout.
+    """
+    for dtype in (torch.float32, torch.float64):
+        x = torch.zeros(4, 16, dtype=dtype)
+        gram(x)
+        gram(x[:, ::2])
+        gram(x, x[0], x[:1])
 
 
 def gram_to_sq_dist(g: torch.Tensor) -> torch.Tensor:

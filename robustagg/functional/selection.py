@@ -83,7 +83,7 @@ def chunk_columns(n: int, d: int, x: torch.Tensor, scratch_rows: int) -> int:
         k = max(256, k - k % 64)
     else:
         k = max(1 << 10, min(CUDA_CHUNK_ELEMENTS, max(1 << 16, n * d // 4)) // rows)
-    return min(k, d)
+    return max(1, min(k, d))  # at least 1: a (n, 0) input (an empty coordinate slice) yields no chunk
 
 
 @dataclass
