@@ -285,3 +285,16 @@ def test_warm_up_compiles_the_kernel_for_both_dtypes_and_layouts():
     G.warm_up()
     seen = {(str(sig[0].dtype), sig[0].layout) for sig in gram_upper.signatures}
     assert {("float32", "C"), ("float32", "A"), ("float64", "C"), ("float64", "A")} <= seen
+
+
+def test_weighted_rules_rescale_rows_whose_float64_squares_overflow():
+    # float64 rows beyond ~1e154 overflow the Gram (1e200^2 = 1e400); an exact power-of-two rescaling
+    # keeps the convex coefficients finite instead of NaN.
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1e200, 0.0]], dtype=torch.float64)
+    # one clipping step from 0 with tau = 10: clip factors 1, 1, 10 / 1e200 ->
+    # v = (0 + (1, 0) + (10 / 1e200) (1e200, 0)) / 3 = (11 / 3, 0)
+    out = F.centered_clipping(x, 10.0, 1, torch.zeros(2, dtype=torch.float64))
+    assert out.tolist() == pytest.approx([11 / 3, 0.0], rel=1e-12)
+    # 1-D geometric median of {0, 2, 1e200} is the middle point 2 (Weiszfeld from zero reaches it)
+    x[1, 0] = 2.0
+    assert F.geometric_median(x, 1e-6, 100, 1e-10, "zero").tolist() == pytest.approx([2.0, 0.0], rel=1e-9)

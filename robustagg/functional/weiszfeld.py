@@ -19,11 +19,13 @@ outputs agree to a few units in the last place (tests: ``atol = 1e-5 max|x|``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .gram import robust_gram
 
-__all__ = ["geometric_median", "geometric_median_coefficients", "centered_clipping",
+__all__ = ["geometric_median", "geometric_median_coefficients", "centered_clipping", "scaled_gram",
            "centered_clipping_coefficients", "clipping_iterations", "weiszfeld_coefficients",
            "geometric_median_reference", "centered_clipping_reference"]
 
@@ -39,6 +41,22 @@ def _combine(x: torch.Tensor, a: torch.Tensor, extra: torch.Tensor | None) -> to
     if extra is not None:
         out += a[n:].to(x.dtype) @ extra
     return out
+
+
+def scaled_gram(x: torch.Tensor, extra: torch.Tensor | None) -> tuple[torch.Tensor, float]:
+    """:func:`~robustagg.functional.gram.robust_gram` of ``s * [x; extra]`` and the scale ``s``.
+
+    ``s = 1`` unless a float64 entry overflows (finite float64 rows beyond ~1e154); then ``s`` is the
+    power of two that brings the largest magnitude to ~2^400, an exact rescaling, and the iterates
+    (convex coefficients, invariant to the scale once distance thresholds are scaled too) stay
+    finite instead of turning into NaN. Costs one float64 copy of ``x`` in that case only.
+    """
+    g = robust_gram(x, extra)
+    if bool(torch.isfinite(g).all()):
+        return g, 1.0
+    top = float(x.abs().max()) if extra is None else max(float(x.abs().max()), float(extra.abs().max()))
+    s = math.ldexp(1.0, 400 - math.frexp(top)[1])
+    return robust_gram(x.double() * s, None if extra is None else extra.double() * s), s
 
 
 def weiszfeld_coefficients(g: torch.Tensor, n: int, a0: torch.Tensor, nu: float, max_iter: int,
@@ -76,12 +94,12 @@ def geometric_median_coefficients(x: torch.Tensor, nu: float = 1e-6, max_iter: i
     """
     n, d = x.shape
     extra = None if init == "mean" else torch.zeros(1, d, dtype=x.dtype, device=x.device)
-    g = robust_gram(x, extra)
+    g, s = scaled_gram(x, extra)
     a0 = torch.full((g.shape[0],), 1.0 / n, dtype=torch.float64, device=x.device)
     if extra is not None:
         a0.zero_()
         a0[n] = 1.0
-    a, _ = weiszfeld_coefficients(g, n, a0, nu, max_iter, tol)
+    a, _ = weiszfeld_coefficients(g, n, a0, nu * s, max_iter, tol)
     return a, extra
 
 
@@ -109,8 +127,8 @@ def centered_clipping_coefficients(x: torch.Tensor, tau: float, iterations: int,
     """Convex coefficients of centered clipping's output over ``[x_1..x_n, center]``: ``((n+1,), extra)``."""
     n, d = x.shape
     extra = center.to(dtype=x.dtype, device=x.device).reshape(1, d)
-    g = robust_gram(x, extra)
-    return clipping_iterations(g, n, tau, iterations), extra
+    g, s = scaled_gram(x, extra)
+    return clipping_iterations(g, n, tau * s, iterations), extra
 
 
 def clipping_iterations(g: torch.Tensor, n: int, tau: float, iterations: int) -> torch.Tensor:
