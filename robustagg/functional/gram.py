@@ -44,7 +44,6 @@ MIN_COLUMNS_PER_THREAD = 1 << 16
 CUDA_GRAM_CHUNK_ELEMENTS = 1 << 24
 
 
-
 def _gram_cpu(x: torch.Tensor, center: torch.Tensor | None, extra: torch.Tensor | None) -> torch.Tensor:
     """The compiled kernel (:mod:`~robustagg.functional._gram_kernel`) on float32/float64 CPU rows.
 
@@ -56,10 +55,11 @@ def _gram_cpu(x: torch.Tensor, center: torch.Tensor | None, extra: torch.Tensor 
 
     n, d = x.shape
     m_pad = (n + (0 if extra is None else extra.shape[0]) + 3) // 4 * 4
-    width = max(64, GRAM_CHUNK_BYTES // (8 * m_pad))
-    xn = x.detach().numpy()
-    ext = np.zeros((0, d), dtype=np.float64) if extra is None else extra.detach().to(torch.float64).numpy()
-    c64 = np.zeros(0, dtype=np.float64) if center is None else center.detach().to(torch.float64).numpy()
+    budget = min(GRAM_CHUNK_BYTES, max(1 << 16, x.numel() * x.element_size() // 4))  # small inputs: small buffer
+    width = max(64, budget // (8 * m_pad))
+    xn = x.numpy()
+    ext = np.zeros((0, d), dtype=np.float64) if extra is None else extra.to(torch.float64).numpy()
+    c64 = np.zeros(0, dtype=np.float64) if center is None else center.to(torch.float64).numpy()
     parts = max(1, min(torch.get_num_threads(), d // MIN_COLUMNS_PER_THREAD))
     if parts == 1:
         return torch.from_numpy(gram_upper(xn, ext, c64, width))
