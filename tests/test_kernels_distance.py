@@ -145,6 +145,11 @@ def test_gram_kernel_splits_columns_over_threads(monkeypatch):
     c = torch.randn(1000, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     rows = x.double() - c
     want = rows @ rows.T
+    import robustagg.functional._gram_kernel as K
+
+    calls = []
+    kernel = K.gram_upper
+    monkeypatch.setattr(K, "gram_upper", lambda xs, *rest: calls.append(xs.shape[1]) or kernel(xs, *rest))
     saved = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
@@ -152,6 +157,7 @@ def test_gram_kernel_splits_columns_over_threads(monkeypatch):
         again = G.gram(x, c)
     finally:
         torch.set_num_threads(saved)
+    assert sorted(calls) == [333, 333, 333, 333, 334, 334]  # three parts per call, two calls
     assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
     assert torch.equal(got, again)
 

@@ -39,8 +39,11 @@ TAG_REDUCTION = 0
 _CS_BYTES = 8
 
 
-def frame(t: torch.Tensor) -> torch.Tensor:
+def frame(t: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A submission's wire form: its bytes then the 8 bytes of its checksum (``uint8``, on ``t``'s device).
+
+    ``out``: an optional ``uint8`` buffer of exactly ``t.nbytes + 8`` bytes on ``t``'s device to
+    write the frame into (returned), so that a caller can reuse one wire buffer across steps.
 
     Example:
         >>> import torch
@@ -51,7 +54,12 @@ def frame(t: torch.Tensor) -> torch.Tensor:
     """
     flat = t.detach().reshape(-1).contiguous()
     cs = torch.tensor([checksum(flat)], dtype=torch.int64).view(torch.uint8).to(flat.device)
-    return torch.cat([flat.view(torch.uint8), cs])
+    if out is None:
+        return torch.cat([flat.view(torch.uint8), cs])
+    body = flat.numel() * flat.element_size()
+    out[:body].copy_(flat.view(torch.uint8))
+    out[body:].copy_(cs)
+    return out
 
 
 def unframe(buffers: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:

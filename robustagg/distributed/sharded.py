@@ -239,7 +239,9 @@ def block_shares(rule: Aggregator, xs: torch.Tensor, stats: SliceStatistics, d_t
     return None
 
 
-def _centre_of(rule: Aggregator) -> Optional[CenteredClipping]:
+def stateful_clipping_of(rule: Aggregator) -> Optional[CenteredClipping]:
+    """The :class:`~robustagg.aggregators.CenteredClipping` inside ``rule`` (itself or a pipeline's
+    final rule), whose centre every rank must update after a sharded step; ``None`` otherwise."""
     inner = rule.rule if isinstance(rule, Pipeline) else rule
     return inner if isinstance(inner, CenteredClipping) else None
 
@@ -330,7 +332,7 @@ def sharded_aggregate(rule: Aggregator, local: torch.Tensor, group: Optional[dis
         dist.all_reduce(t, group=group)
         return t
 
-    cc = _centre_of(rule)
+    cc = stateful_clipping_of(rule)
     start, end = bounds[rank]
     center_block = None if cc is None or cc.center is None else cc.center[start:end]
     block = aggregate_block(rule, recv.view(world, mine), SliceStatistics(allreduce), center_block)

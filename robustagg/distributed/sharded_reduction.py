@@ -20,21 +20,19 @@ from ..integrity import checksum, inspect_rows
 from .comm import CollectiveError, Communicator, ProcessGroupComm
 from .gather import GatherReduction
 from .header import Header, dtype_of
-from .reduction import NonFinitePolicy, Reduced, register_reduction, unframe
-from .sharded import SliceStatistics, _centre_of, aggregate_block, block_shares, shard_bounds, supports_sharding
+from .reduction import NonFinitePolicy, Reduced, frame, register_reduction, unframe
+from .sharded import SliceStatistics, stateful_clipping_of, aggregate_block, block_shares, shard_bounds, supports_sharding
 
 __all__ = ["ShardedReduction", "ShardedReduced", "AUTO_MIN_D"]
 
 
 def _frame_slices(local: torch.Tensor, bounds: list[tuple[int, int]], buf: torch.Tensor) -> torch.Tensor:
     """Write the frame (:func:`~robustagg.distributed.reduction.frame`) of every slice of ``local`` into ``buf``."""
-    local = local.detach()
-    raw, size, at = local.view(torch.uint8), local.element_size(), 0
+    at = 0
     for s, e in bounds:
-        n = (e - s) * size
-        buf[at:at + n].copy_(raw[s * size:e * size])
-        buf[at + n:at + n + 8].copy_(torch.tensor([checksum(local[s:e])], dtype=torch.int64).view(torch.uint8))
-        at += n + 8
+        end = at + (e - s) * local.element_size() + 8
+        frame(local[s:e], out=buf[at:end])
+        at = end
     return buf[:at]
 
 
@@ -216,7 +214,7 @@ class ShardedReduction(GatherReduction):
         self.rule.check(len(kept))
         xs = block if not bad else block[kept]
         stats = SliceStatistics(self._allreduce)
-        cc = _centre_of(self.rule)
+        cc = stateful_clipping_of(self.rule)
         start, end = bounds[rank]
         center_block = None if cc is None or cc.center is None else cc.center[start:end].to(xs.device)
         shares = (block_shares(self.rule, xs, stats, local.numel(), center_block)

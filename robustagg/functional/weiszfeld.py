@@ -49,7 +49,21 @@ def scaled_gram(x: torch.Tensor, extra: torch.Tensor | None) -> tuple[torch.Tens
     ``s = 1`` unless a float64 entry overflows (finite float64 rows beyond ~1e154); then ``s`` is the
     power of two that brings the largest magnitude to ~2^400, an exact rescaling, and the iterates
     (convex coefficients, invariant to the scale once distance thresholds are scaled too) stay
-    finite instead of turning into NaN. Costs one float64 copy of ``x`` in that case only.
+    finite instead of turning into NaN. Costs one float64 copy of ``x`` in that case only. No
+    assumption on ``n`` or ``f``: it serves the geometric median (Weiszfeld; Pillutla et al., IEEE
+    TSP 2022) and centered clipping (Karimireddy et al., ICML 2021), whose thresholds ``nu`` and
+    ``tau`` the callers multiply by ``s``.
+
+    Args:
+        x: ``(n, d)`` finite rows, any float dtype.
+        extra: optional ``(e, d)`` extra rows (a start point or centre), or ``None``.
+
+    Returns:
+        ``(G, s)``: ``G`` the ``(n + e, n + e)`` float64 Gram matrix of ``s * [x; extra]`` (relative to
+        the centre :func:`robust_gram` picks) and ``s`` a power of two (float).
+
+    Raises:
+        NonFiniteInputError: a row holds NaN or inf (from :func:`robust_gram`).
     """
     g = robust_gram(x, extra)
     if bool(torch.isfinite(g).all()):
