@@ -29,7 +29,7 @@ class Mode(str, enum.Enum):
 
 
 class Partition(str, enum.Enum):
-    """How the training set is split among workers (see :func:`experiments.data.partition`)."""
+    """How the training set is split among workers (see :func:`robustagg.data.partition`)."""
 
     iid = "iid"
     dirichlet = "dirichlet"
@@ -168,6 +168,9 @@ class TrainerConf:
         resume: ``auto`` (continue from the newest committed checkpoint in ``checkpoint.dir`` that
             verifies, if any), ``never`` (start fresh; refused when the folder already holds
             checkpoints), or the path of one checkpoint folder.
+        resume_changes: ``refuse`` (default) a resume whose experiment fingerprint differs from
+            the checkpoint's (the message lists every differing key), or ``allow`` it: the run
+            continues the changed experiment and the change is recorded in ``lineage.jsonl``.
         max_restarts: how often the app's launcher restarts the worker group after a failure
             (each restart restores the newest committed checkpoint). Under torchrun, torchrun's
             ``--max-restarts`` is used instead.
@@ -204,6 +207,7 @@ class TrainerConf:
     callbacks: List[Any] = field(default_factory=list)
     checkpoint: CheckpointConf = field(default_factory=CheckpointConf)
     resume: str = "auto"
+    resume_changes: str = "refuse"
     max_restarts: int = 0
     on_failure: str = "restart"
     shrink_shards: str = "drop"
@@ -256,6 +260,8 @@ class TrainConfig:
         strict: ``false`` lets a run break a requirement on purpose (warned, recorded as
             ``assumption/violated``).
         out_dir: where run files go (``null``: Hydra's run directory, or the working directory).
+        run_name: a stable name: the run directory becomes ``outputs/<run_name>``, so running the
+            same command again after a kill resumes the run (``null``: a time-stamped directory).
         faults: injected faults by name (``faults=[crash,desync]`` selects files of ``conf/faults/``;
             each file adds one named entry). Each fires once per run.
     """
@@ -271,12 +277,43 @@ class TrainConfig:
     seed: int = 0
     strict: bool = True
     out_dir: Optional[str] = None
+    run_name: Optional[str] = None
     faults: Dict[str, Any] = field(default_factory=dict)  # each entry is checked against FaultConf
 
 
+def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:
+    """The run directory Hydra creates (``hydra.run.dir: ${ra_run_dir:${out_dir},${run_name}}``).
+
+    ``out_dir`` when given; else ``outputs/<run_name>`` (a name with ``/`` or ``..`` is refused);
+    else, under torchrun, ``outputs/torchrun-<TORCHELASTIC_RUN_ID>`` when torchrun set a run id
+    (the same on every rank); else ``outputs/<date>/<time>``.
+
+    Raises:
+        ValueError: a ``run_name`` that is not a plain folder name (Hydra reports it).
+    """
+    import os
+    import time
+
+    if out_dir not in (None, "", "None"):
+        return str(out_dir)
+    if run_name not in (None, "", "None"):
+        name = str(run_name)
+        if "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+            raise ValueError(f"run_name={name!r} must be a plain folder name (no '/', not starting with '.').")
+        return os.path.join("outputs", name)
+    rid = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if os.environ.get("LOCAL_RANK") is not None and rid not in ("", "none"):
+        return os.path.join("outputs", f"torchrun-{rid}")
+    return os.path.join("outputs", time.strftime("%Y-%m-%d"), time.strftime("%H-%M-%S"))
+
+
 def register_configs() -> None:
-    """Store :class:`TrainConfig` as ``train_schema`` (idempotent)."""
+    """Store :class:`TrainConfig` as ``train_schema`` and register the ``ra_run_dir`` resolver (idempotent)."""
+    from omegaconf import OmegaConf
+
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("ra_run_dir"):
+        OmegaConf.register_new_resolver("ra_run_dir", run_dir_for)
 
 
 register_configs()

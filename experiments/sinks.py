@@ -1,51 +1,11 @@
-"""Record sinks of the experiments layer: Weights & Biases (rank 0 only) and the console summary."""
+"""The console summary of a run (the W&B sink is the library's: :mod:`robustagg.launch.wandb_sink`)."""
 
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Mapping, Optional
 
-__all__ = ["WandbSink", "print_summary"]
-
-
-class WandbSink:
-    """Logs every record to a W&B run (offline by default: no network needed).
-
-    The run's mode is ``$WANDB_MODE`` when set, else ``logger.mode``. :meth:`close` calls
-    ``wandb.finish()``; the caller calls it in a ``finally`` so the run is closed even after a
-    crash (with exit code 1 then).
-
-    Args:
-        logger: the ``logger`` config node (project, entity, mode, group, tags).
-        config: the resolved run configuration (stored with the run).
-        out_dir: the run directory (W&B writes its ``wandb/`` folder there).
-        name: the run's display name.
-    """
-
-    def __init__(self, logger: Mapping[str, Any], config: Mapping[str, Any], out_dir: str, name: str) -> None:
-        import wandb
-
-        self._wandb = wandb
-        mode: Any = os.environ.get("WANDB_MODE") or str(logger.get("mode", "offline"))
-        self.run = wandb.init(project=str(logger.get("project", "robustagg")), entity=logger.get("entity"),
-                              mode=mode, dir=out_dir, config=dict(config), group=logger.get("group"),
-                              tags=list(logger.get("tags") or []), name=name, reinit="finish_previous",
-                              settings=wandb.Settings(quiet=True, console="off"))
-        self.failed = False
-
-    def log(self, record: dict[str, Any], step: int) -> None:
-        data = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step",)}
-        self.run.log(data, step=step)
-
-    def summary(self, values: Mapping[str, Any]) -> None:
-        """Store the run summary (final numbers) in the W&B run."""
-        for k, v in values.items():
-            if isinstance(v, (int, float, str, bool)):
-                self.run.summary[k] = v
-
-    def close(self) -> None:
-        self.run.finish(exit_code=1 if self.failed else 0)
+__all__ = ["print_summary"]
 
 
 def _fmt(v: Any) -> str:
@@ -58,6 +18,17 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _lineage_line(r: Mapping[str, Any]) -> str:
+    if r.get("event") == "shrink":
+        return f"shrink {r.get('old_n')}->{r.get('new_n')} at step {r.get('step')}"
+    if r.get("event") == "experiment_changed":
+        return f"experiment changed at step {r.get('step')}: {', '.join(r.get('changes') or {})}"
+    frm = r.get("restored_from")
+    replay = r.get("steps_replayed") or []
+    text = f"restart {r.get('restart')}: from step {frm}" if frm is not None else f"restart {r.get('restart')}: from 0"
+    return text + (f", replayed {replay[0]}-{replay[1]}" if replay else "")
+
+
 def print_summary(summary: Mapping[str, Any], *, title: Optional[str] = None) -> None:
     """Print the run summary as a table (rich)."""
     from rich.console import Console
@@ -68,8 +39,13 @@ def print_summary(summary: Mapping[str, Any], *, title: Optional[str] = None) ->
     table.add_column("value", justify="right")
     keys = ["rule", "attack", "n", "f", "byzantine", "mode", "data", "partition", "final_test_acc", "best_test_acc",
             "worst_class_acc", "final_test_loss", "mean_kappa_hat", "byz_accepted_rate", "dropped_rows",
-            "assumption_violated", "steps", "wall_seconds", "seconds_per_step", "run_dir"]
+            "assumption_violated", "steps", "steps_this_run", "wall_seconds", "seconds_per_step", "run_dir"]
     for k in keys:
         if k in summary:
             table.add_row(k, _fmt(summary[k]))
+    if summary.get("resumed_from") is not None:
+        table.add_row("resumed from", f"step {summary['resumed_from']} ({summary.get('resumed_checkpoint')}, verified)")
+    lineage = [r for r in summary.get("lineage") or [] if r.get("event") in ("restore", "shrink", "experiment_changed")]
+    if lineage:
+        table.add_row("lineage", "; ".join(_lineage_line(r) for r in lineage))
     Console(soft_wrap=True).print(table)

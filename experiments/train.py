@@ -6,11 +6,12 @@ Byzantine running ALIE, coordinate-wise trimmed mean with f = 2. Common override
     python -m experiments.train aggregator=krum attack=sign_flip threat.n=12 threat.f=3
     python -m experiments.train data.partition=dirichlet data.alpha=0.1 trainer.mode=simulated
     python -m experiments.train preaggregation=nnm logger=wandb seed=3
-    torchrun --nproc-per-node 10 -m experiments.train hydra.run.dir=outputs/tr   # joins torchrun's group
+    python -m experiments.train run_name=alie-tm       # a stable folder outputs/alie-tm: kill, rerun = resume
+    torchrun --standalone --nproc-per-node 10 -m experiments.train run_name=tr   # joins torchrun's group
     python -m experiments.train -m aggregator=krum,trimmed_mean seed=0,1        # a sweep
 
-Under torchrun every rank composes the config; give them one ``hydra.run.dir`` (rank 0 writes the
-run files there). In a sweep, a configuration that breaks a requirement is skipped with the reason
+Under torchrun every rank composes the config; rank 0 decides the run directory and shares it with
+every rank (``run_name=...`` makes it stable, so a re-run resumes). In a sweep, a configuration that breaks a requirement is skipped with the reason
 in its run directory's ``skipped.json``.
 
 Run files (in Hydra's run directory): ``metrics.jsonl`` (one record per step and per
@@ -38,8 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from robustagg.errors import RobustAggError
 from robustagg.training import atomic_write
 
-from . import config as _config  # noqa: F401  (registers the structured-config schema)
-from .config import Mode
+from . import config as _config  # noqa: F401  (registers the structured-config schema and the run-dir resolver)
 from .wiring import as_config, validate
 
 __all__ = ["train", "main"]
@@ -59,57 +59,54 @@ def _out_dir(cfg: DictConfig, out_dir: Optional[str | os.PathLike[str]]) -> Path
             return Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # pragma: no cover - Hydra internals
         pass
-    return Path("outputs") / time.strftime("train-%Y%m%d-%H%M%S")
+    from .config import run_dir_for
+
+    return Path(run_dir_for(None, cfg.get("run_name")))
 
 
 def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: bool = False) -> dict[str, Any]:
-    """Validate ``cfg``, run it (simulated, spawned processes, or under torchrun), return the summary.
+    """Validate ``cfg`` and run it with the library's lifecycle (:func:`robustagg.launch.launch`).
 
     Args:
         cfg: the composed configuration (DictConfig or dict; merged into the schema).
-        out_dir: the run directory (default: ``cfg.out_dir``, Hydra's run directory, or
-            ``outputs/train-<time>``).
+        out_dir: the run directory (default: ``cfg.out_dir``, Hydra's run directory,
+            ``outputs/<run_name>``, or ``outputs/<date>/<time>``).
         quiet: do not print the summary table.
 
     Returns:
         the summary (also written to ``summary.json``): final and best test accuracy, worst-class
         accuracy, mean kappa-hat, Byzantine-accepted rate, steps, wall seconds, seconds per step,
-        and the run's setting. Under torchrun, ranks other than 0 return ``{}``.
+        where the run resumed from, its lineage, and the run's setting. Under torchrun, ranks other
+        than 0 return ``{}``.
 
     Raises:
-        ConfigError, AssumptionError: a bad configuration, before any process starts (or an elastic
-            shrink that would break the rule's requirement).
+        ConfigError, AssumptionError: a bad configuration, before any process starts, and before
+            anything is written (also: a resume that would mix two experiments, a run directory
+            locked by another launch, a folder whose checkpoints all fail verification).
         WorkerFailedError: a worker process failed and no restart was left; the whole group was
             stopped (the survivors' evidence is in ``evidence/``).
         RobustAggError: in simulated mode, what the step raised (desync, integrity, ...).
     """
-    from robustagg.distributed import from_environment
-
-    from .runner import run_simulated, run_spawned, run_torchrun
+    from robustagg.launch import launch
 
     typed = as_config(cfg)
     import torch
 
     torch.set_num_threads(int(typed.trainer.threads))  # the launcher does little; workers fork from it
     out = _out_dir(typed, out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     plan = validate(typed, out_dir=str(out))
     for v in plan.violations:
         log.warning("assumption: %s", v)
     t0 = time.perf_counter()
-    env = from_environment()
-    mode = Mode(typed.trainer.mode)
-    if env is None or env.rank == 0:
-        text = OmegaConf.to_yaml(OmegaConf.create(plan.cfg))
+    text = OmegaConf.to_yaml(OmegaConf.create(plan.cfg))
 
+    def write_config(job: Any) -> None:
         def write(tmp: str) -> None:
             Path(tmp).write_text(text)
 
-        atomic_write(out / "config_resolved.yaml", write)
-    if mode is Mode.processes and env is not None:
-        summary = run_torchrun(plan, env) or {}
-    else:
-        summary = run_simulated(plan) if mode is Mode.simulated else run_spawned(plan)
+        atomic_write(Path(job.run_dir) / "config_resolved.yaml", write)
+
+    summary = launch(plan.job(), on_ready=write_config, quiet=False)
     if summary:
         summary["total_seconds"] = time.perf_counter() - t0
         if not quiet:
@@ -120,6 +117,24 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
         log.info("summary: %s", {k: summary[k] for k in ("final_test_acc", "worst_class_acc", "mean_kappa_hat",
                                                            "steps", "wall_seconds") if k in summary})
     return summary
+
+
+def _discard_rejected_run_dir() -> None:
+    """Remove Hydra's run directory of a rejected configuration if Hydra's own files are all it holds."""
+    import shutil
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # pragma: no cover - not under Hydra
+        return
+    if out.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in out.iterdir()):
+        logging.shutdown()
+        shutil.rmtree(out, ignore_errors=True)
+        parent = out.parent  # the date folder of outputs/<date>/<time>, if now empty
+        if parent.name[:2] == "20" and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -138,7 +153,7 @@ def main(cfg: DictConfig) -> float:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        from robustagg.errors import AssumptionError, NonFiniteInputError
+        from robustagg.errors import AssumptionError, ConfigError, NonFiniteInputError
         from robustagg.training import write_json
 
         status = ("skipped" if isinstance(exc, AssumptionError) else
@@ -148,6 +163,8 @@ def main(cfg: DictConfig) -> float:
             write_json(out / "skipped.json", {"status": status, "reason": str(exc), "type": type(exc).__name__})
             log.warning("%s: %s", status, exc)
             return math.nan
+        if isinstance(exc, (ConfigError, AssumptionError)) and HydraConfig.get().mode != RunMode.MULTIRUN:
+            _discard_rejected_run_dir()  # a rejected configuration leaves no run folder behind
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     return float(summary.get("final_test_acc", math.nan))

@@ -8,7 +8,7 @@ setting, or a partition that leaves a worker without data, or faults and fault-t
 that cannot work (a fault on a worker or step that does not exist, a checkpoint fault without
 checkpoints, ``resume=never`` on a folder that holds checkpoints). It returns a picklable
 :class:`Plan` that every worker turns into objects with the ``build_*`` functions
-(:mod:`experiments.recovery` derives the plan of an elastic shrink).
+(:meth:`Plan.job` turns it into the library's :class:`~robustagg.launch.Job`).
 """
 
 from __future__ import annotations
@@ -28,15 +28,17 @@ import robustagg as ra
 from robustagg.aggregators.base import Aggregator
 from robustagg.distributed import reduction_modes
 from robustagg.errors import AssumptionError, AssumptionWarning, ConfigError, RobustAggError
+from robustagg.data import DataBundle
+from robustagg.launch import Job, RunSettings, WorkerContext, WorkerParts
 from robustagg.preaggregation.base import PreAggregator
-from robustagg.training import ByzantineBehaviour, Fault
+from robustagg.training import AttackAdapter, ByzantineBehaviour, Fault, evaluate
 
 from .config import FaultConf, Mode, TrainConfig
-from .data import DataBundle, build_data
+from .data import build_data
 from .models import build_model
 
-__all__ = ["Plan", "as_config", "validate", "build_rule", "build_attack", "build_byzantine", "build_model_and_optimizer",
-           "AttackAdapter", "rule_names"]
+__all__ = ["Plan", "ExperimentBuild", "as_config", "validate", "build_rule", "build_attack", "build_byzantine",
+           "build_model_and_optimizer", "AttackAdapter", "rule_names"]
 
 
 def rule_names() -> list[str]:
@@ -140,31 +142,6 @@ def build_attack(cfg: DictConfig) -> Any:
         raise ConfigError(f"attack {cls.__name__}: {exc}") from None
 
 
-class AttackAdapter:
-    """Adapts an ``attacks`` object to the trainer's :class:`~robustagg.training.GradientAttack`.
-
-    Rule-aware attacks receive a deep copy of the defender's current rule each step (searching with
-    it must not advance the rule's own state, e.g. centered clipping's centre).
-    """
-
-    def __init__(self, attack: Any, rule: Aggregator) -> None:
-        self.attack = attack
-        self.rule = rule
-        self.knowledge = str(getattr(attack.knowledge, "value", attack.knowledge))
-        self.rule_aware = self.knowledge == "honest+rule"
-
-    def __call__(self, honest: torch.Tensor, num_byzantine: int, own: Optional[torch.Tensor],
-                 generator: torch.Generator) -> torch.Tensor:
-        rule = copy.deepcopy(self.rule) if self.rule_aware else None
-        return self.attack(honest, num_byzantine, own=own, rule=rule, generator=generator)
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.attack.state_dict())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.attack.load_state_dict(state)
-
-
 @dataclass
 class Plan:
     """A validated run, picklable, handed to every worker process.
@@ -182,9 +159,9 @@ class Plan:
         run_id: a random id of the run (kept across restarts). identities: the worker id (rank in
             the original group) of every rank; ``range(n)`` until an elastic shrink.
         faults: the injected faults. ckpt_dir: the checkpoint folder (resolved).
-        config_hash: SHA-256 of the configuration that determines the trajectory.
+        fingerprint: the experiment's identity (every key that changes the trajectory; see
+            :mod:`robustagg.launch.identity`), compared with a checkpoint's before a resume.
         code_revision: the git commit of the code (or the package version).
-        n_initial: the number of workers the run started with.
     """
 
     cfg: dict[str, Any]
@@ -204,13 +181,76 @@ class Plan:
     identities: tuple[int, ...] = ()
     faults: list[Fault] = field(default_factory=list)
     ckpt_dir: str = ""
-    config_hash: str = ""
+    fingerprint: dict[str, Any] = field(default_factory=dict)
     code_revision: str = ""
-    n_initial: int = 0
 
     def config(self) -> DictConfig:
         """:attr:`cfg` as a DictConfig."""
         return OmegaConf.create(self.cfg)  # type: ignore[return-value]
+
+    def job(self) -> Job:
+        """The library :class:`~robustagg.launch.Job` of this plan (what :func:`robustagg.launch.launch` runs)."""
+        cfg = self.config()
+        tr = cfg.trainer
+        settings = RunSettings(
+            mode=str(tr.mode), steps=int(tr.steps), batch_size=int(tr.batch_size), seed=int(cfg.seed),
+            worker_momentum=float(tr.worker_momentum), eval_every=int(tr.eval_every),
+            param_check_every=int(tr.param_check_every), reduction=str(tr.reduction), on_nonfinite=str(tr.on_nonfinite),
+            metrics=bool(tr.metrics), progress=bool(tr.progress), device=self.device, backend=self.backend,
+            threads=int(tr.threads), start_method=str(tr.start_method), collective_timeout_s=float(tr.collective_timeout_s),
+            master_addr=str(tr.master_addr), port=int(tr.port), checkpoint_every=int(tr.checkpoint.every),
+            checkpoint_keep=int(tr.checkpoint.keep), ckpt_dir=self.ckpt_dir, resume=str(tr.resume),
+            resume_changes=str(tr.resume_changes), max_restarts=int(tr.max_restarts), on_failure=str(tr.on_failure),
+            shrink_shards=str(tr.shrink_shards), straggler_factor=float(tr.straggler_factor),
+            logger=dict(self.cfg["logger"]))
+        meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
+                "partition": self.data.partition, "worker_sizes": self.data.sizes(),
+                "label_skew": self.data.label_skew(), "code_revision": self.code_revision}
+        return Job(build=ExperimentBuild(cfg=self.cfg, data=self.data, attack_kind=self.attack_kind,
+                                         attack_name=self.attack_name),
+                   n=self.n, run_dir=self.out_dir, settings=settings, f=self.f, rule=build_rule(cfg),
+                   byzantine_ids=self.byzantine_ranks, identities=self.identities, fingerprint=dict(self.fingerprint),
+                   faults=list(self.faults), name=f"{self.rule_name}-{self.attack_name}", meta=meta, config=self.cfg,
+                   run_id=self.run_id, violations=list(self.violations), assumption_violated=self.assumption_violated,
+                   data_sizes={w: int(len(p)) for w, p in enumerate(self.data.parts)})
+
+
+@dataclass
+class ExperimentBuild:
+    """``Job.build`` of a Hydra experiment: the model, optimizer, rule, attack and data of one process.
+
+    Picklable (plain containers and the data bundle), so spawned workers rebuild everything
+    identically from it.
+    """
+
+    cfg: dict[str, Any]
+    data: DataBundle
+    attack_kind: Optional[str]
+    attack_name: str
+
+    def __call__(self, ctx: WorkerContext) -> WorkerParts:
+        from hydra.utils import instantiate
+
+        cfg: DictConfig = OmegaConf.create(self.cfg)  # type: ignore[assignment]
+        device = ctx.device
+        model, optimizer, scheduler = build_model_and_optimizer(self.data, cfg, device)
+        rule = build_rule(cfg)
+        byzantine = build_byzantine(ctx.byzantine_ranks, cfg, rule, attack_kind=self.attack_kind,
+                                    attack_name=self.attack_name)
+        shards = {}
+        for r in ctx.local_ranks:
+            s = ctx.shard(r, self.data.shard)
+            s.x, s.y = s.x.to(device), s.y.to(device)
+            shards[r] = s
+        test_x, test_y = self.data.test_x.to(device), self.data.test_y.to(device)
+        num_classes = self.data.num_classes
+
+        def eval_fn() -> dict[str, float]:
+            return evaluate(model, test_x, test_y, num_classes)
+
+        return WorkerParts(model=model, optimizer=optimizer, rule=rule, shards=shards, scheduler=scheduler,
+                           byzantine=byzantine, evaluate=eval_fn, num_classes=num_classes,
+                           callbacks=[instantiate(c) for c in cfg.trainer.callbacks])
 
 
 def _threat(cfg: DictConfig) -> tuple[int, int, int, tuple[int, ...], list[str]]:
@@ -357,7 +397,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
                 attack_kind=kind, data=data, device=device, backend=backend, out_dir=str(out_dir))
     # Builds the model and optimizer once here: checks the model fits the data, and imports what
     # torch.optim imports lazily (seconds of CPU) before worker processes are forked.
-    build_model_and_optimizer(plan, cfg, torch.device("cpu"))
+    build_model_and_optimizer(data, cfg, torch.device("cpu"))
     for cb in cfg.trainer.callbacks:
         if not isinstance(cb, Mapping) or not cb.get("_target_"):
             raise ConfigError(f"trainer.callbacks entries need a _target_; got {cb!r}.")
@@ -367,7 +407,9 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     if env is not None and Mode(cfg.trainer.mode) is Mode.processes and env.world_size != n:
         raise ConfigError(f"torchrun started {env.world_size} processes but threat.n={n}; one process per worker "
                           f"is needed (torchrun --nproc-per-node ... with a total of {n}).")
-    from .recovery import check_faults, checkpoint_dir, code_revision, config_hash
+    from robustagg.launch import code_revision, fingerprint
+
+    from .recovery import check_faults, checkpoint_dir
 
     plan.faults = check_faults(cfg, n, under_torchrun=env is not None)
     plan.ckpt_dir = checkpoint_dir(cfg, str(out_dir))
@@ -378,27 +420,27 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     plan.assumption_violated = bool(_hard_violations(rule, n)) or b > f
     plan.run_id = uuid.uuid4().hex[:12]
     plan.identities = tuple(range(n))
-    plan.n_initial = n
-    plan.config_hash = config_hash(plan.cfg)
+    plan.fingerprint = fingerprint(plan.cfg)
     plan.code_revision = code_revision()
     return plan
 
 
-def build_byzantine(plan: Plan, cfg: DictConfig, rule: Aggregator) -> Optional[ByzantineBehaviour]:
-    """The injected Byzantine behaviour of ``plan`` (``None`` when nobody attacks)."""
-    if not plan.byzantine_ranks:
+def build_byzantine(ranks: tuple[int, ...], cfg: DictConfig, rule: Aggregator, *, attack_kind: Optional[str],
+                    attack_name: str) -> Optional[ByzantineBehaviour]:
+    """The injected Byzantine behaviour over the current ``ranks`` (``None`` when nobody attacks)."""
+    if not ranks:
         return None
     attack = build_attack(cfg)
     if attack is None:
         return None
     seed = ra_seed(int(cfg.seed), 0xA77AC)
     start = int(cfg.threat.start_step)
-    if plan.attack_kind == "data":
-        return ByzantineBehaviour(ranks=plan.byzantine_ranks, poison_fn=attack.poison_labels, start_step=start,
-                                  seed=seed, name=plan.attack_name)
+    if attack_kind == "data":
+        return ByzantineBehaviour(ranks=ranks, poison_fn=attack.poison_labels, start_step=start, seed=seed,
+                                  name=attack_name)
     adapter = AttackAdapter(attack, rule)
-    return ByzantineBehaviour(ranks=plan.byzantine_ranks, gradient_fn=adapter, start_step=start, seed=seed,
-                              name=plan.attack_name, needs_exchange=adapter.knowledge != "none")
+    return ByzantineBehaviour(ranks=ranks, gradient_fn=adapter, start_step=start, seed=seed, name=attack_name,
+                              needs_exchange=adapter.knowledge != "none")
 
 
 def ra_seed(*parts: int) -> int:
@@ -408,10 +450,11 @@ def ra_seed(*parts: int) -> int:
     return mix_seed(*parts)
 
 
-def build_model_and_optimizer(plan: Plan, cfg: DictConfig, device: torch.device) -> tuple[torch.nn.Module, Any, Any]:
+def build_model_and_optimizer(data: DataBundle, cfg: DictConfig,
+                              device: torch.device) -> tuple[torch.nn.Module, Any, Any]:
     """Model (initialised from ``cfg.seed``, identical in every process), SGD, optional cosine schedule."""
     torch.manual_seed(ra_seed(int(cfg.seed), 0x30DE1))
-    model = build_model(str(cfg.model.name), input_shape=plan.data.input_shape, num_classes=plan.data.num_classes,
+    model = build_model(str(cfg.model.name), input_shape=data.input_shape, num_classes=data.num_classes,
                         hidden=list(cfg.model.hidden), channels=list(cfg.model.channels),
                         dropout=float(cfg.model.dropout)).to(device)
     tr = cfg.trainer

@@ -8,7 +8,8 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments.config import DataConf
-from experiments.data import build_data, load_digits, make_synthetic, partition, train_test_split
+from experiments.data import build_data
+from robustagg.data import load_digits, make_synthetic, partition, train_test_split
 from robustagg.errors import ConfigError
 
 

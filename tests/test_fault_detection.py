@@ -40,6 +40,11 @@ def _jsonl(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _failures(records):
+    """The detections a test means: not the straggler records a loaded machine may add at any step."""
+    return [d for d in records if d["kind"] != "straggler"]
+
+
 # (fault, option, error raised on every rank, evidence kind, what rank 0 reports about rank 1)
 CASES = [
     ("desync", "faults.desync.mode=skip", "DesyncError", "desync", r"seq: rank 1 has (\d+) \(expected (\d+)\)"),
@@ -78,7 +83,7 @@ def test_fault_is_detected_at_its_step_with_evidence(tmp_path, fault, option, er
     assert found, evidence[0]["exception"]["message"]
     if fault == "desync" and "skip" in option:
         assert int(found.group(1)) == int(found.group(2)) + 1  # rank 1 counts one collective more
-    (det,) = _jsonl(tmp_path / "detections.jsonl")
+    (det,) = _failures(_jsonl(tmp_path / "detections.jsonl"))
     assert (det["kind"], det["step"], det["ranks"], det["attempt"]) == (kind, STEP, [0, 1, 2], 0)
     (fired,) = _jsonl(tmp_path / "checkpoints" / "faults.jsonl")
     assert (fired["id"], fired["rank"], fired["step"]) == (fault, 1, STEP)
@@ -91,7 +96,7 @@ def test_detected_desync_restores_and_does_not_fire_again(tmp_path):
     wa, wb = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(tmp_path / "run" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa) and s["final_test_acc"] == ref["final_test_acc"]
     assert [(f["kind"], f["step"]) for f in s["faults"]["injected"]] == [("desync", STEP)]  # fired once
-    assert [(d["kind"], d["step"]) for d in s["faults"]["detected"]] == [("desync", STEP)]
+    assert [(d["kind"], d["step"]) for d in _failures(s["faults"]["detected"])] == [("desync", STEP)]
     (rec,) = s["lineage"]
     assert rec["restored_from"] == ((STEP - 1) // 2 * 2 or None) and s["restarts"] == 1
     assert sorted(p.name for p in (tmp_path / "run" / "evidence" / "attempt-0").iterdir()) == [
@@ -102,7 +107,8 @@ def test_nonfinite_submission_dropped_is_counted_as_detected(tmp_path):
     s = train(_cfg("faults=[nonfinite]", f"faults.nonfinite.step={STEP}", "trainer.on_nonfinite=drop"), out_dir=tmp_path,
               quiet=True)
     assert s["steps"] == STEPS and s["dropped_rows"] == 1
-    assert [(d["kind"], d["step"], d["ranks"], d["action"]) for d in s["faults"]["detected"]] == [
+    assert [(d["kind"], d["step"], d["ranks"], d["action"]) for d in s["faults"]["detected"]
+            if d["kind"] == "nonfinite"] == [
         ("nonfinite", STEP, [1], "dropped")]
     rec = [r for r in _jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["agg/dropped"] for r in rec] == [1 if r["step"] == STEP else 0 for r in rec]
@@ -135,5 +141,5 @@ def test_hang_past_the_collective_timeout_is_a_fail_stop_with_the_in_flight_coll
         assert flight["deadline"] == pytest.approx(flight["started"] + 2.0)
     hung = json.loads((tmp_path / "evidence" / "rank-1.json").read_text())
     assert hung["kind"] == "terminated" and hung["step"] == STEP  # it wrote its evidence on SIGTERM
-    (det,) = _jsonl(tmp_path / "detections.jsonl")
+    (det,) = _failures(_jsonl(tmp_path / "detections.jsonl"))
     assert det["kind"] == "fail-stop" and det["lost"] == [1] and det["step"] == STEP

@@ -99,7 +99,9 @@ def test_sigkill_at_a_random_step_resumes_bit_for_bit(reference, tmp_path):
     assert "SIGKILL" in rec["reason"] and f"rank {rank}" in rec["reason"]
     injected, detected = s["faults"]["injected"], s["faults"]["detected"]
     assert [(f["kind"], f["rank"], f["step"]) for f in injected] == [("crash", rank, step)]
-    assert [(d["kind"], d["step"], d["lost"]) for d in detected] == [("fail-stop", step, [rank])]
+    # a loaded machine may add straggler records at any step: assert the failure this test caused
+    assert [(d["kind"], d["step"], d["lost"]) for d in detected if d["kind"] != "straggler"] == [
+        ("fail-stop", step, [rank])]
     # every survivor wrote evidence before teardown (archived when the group restarted)
     ev = sorted((tmp_path / "evidence" / "attempt-0").glob("rank-*.json"))
     assert [p.name for p in ev] == [f"rank-{r}.json" for r in range(N) if r != rank]
@@ -157,8 +159,8 @@ def test_resume_from_an_explicit_checkpoint_folder(tmp_path):
     _assert_equal(load_file(str(tmp_path / "b" / "model.safetensors")),
                   load_file(str(tmp_path / "a" / "model.safetensors")), "parameters")
     assert b["resumed_from"] == 4 and b["lineage"][0]["restored_from"] == 4 and b["steps"] == a["steps"] == STEPS
-    with pytest.raises(ConfigError, match="trainer.resume=never but .* already holds committed checkpoints"):
-        train(_cfg(*SIM, "trainer.resume=never"), out_dir=tmp_path / "a", quiet=True)
+    fresh = train(_cfg(*SIM, "trainer.resume=never"), out_dir=tmp_path / "a", quiet=True)  # never on top of old files
+    assert fresh["run_dir"] == f"{tmp_path / 'a'}-2" and fresh["resumed_from"] is None
     with pytest.raises(ConfigError, match="is not a committed checkpoint folder"):
         train(_cfg(*SIM, f"trainer.resume={tmp_path / 'nowhere'}"), out_dir=tmp_path / "c", quiet=True)
     again = train(_cfg(*SIM), out_dir=tmp_path / "a", quiet=True)  # resume=auto on a finished run: nothing to do

@@ -15,10 +15,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from experiments.recovery import shrink_plan
 from experiments.train import train
 from experiments.wiring import validate
 from robustagg.errors import AssumptionError, ConfigError
+from robustagg.launch import WorkerContext, shrink_job
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 QUIET = ["logger=none", "trainer.progress=false", "trainer.eval_every=0", "trainer.param_check_every=0",
@@ -82,24 +82,34 @@ def test_shrink_that_breaks_the_requirement_stops_with_its_message(tmp_path):
     assert not (tmp_path / "summary.json").exists()
 
 
-def test_shrink_plan_drops_or_redistributes_the_lost_shard_and_keeps_roles():
+def _sizes(job, data):
+    """Examples each current rank trains on, as the workers build them (``WorkerContext.shard``)."""
+    ctx = WorkerContext(job=job, rank=0, local_ranks=tuple(range(job.n)), device=torch.device("cpu"))
+    return [len(ctx.shard(r, data.shard)) for r in range(job.n)]
+
+
+def test_shrink_job_drops_or_redistributes_the_lost_shard_and_keeps_roles():
     base = ["threat.n=8", "threat.f=2", "aggregator=trimmed_mean", "attack=sign_flip", "data=synthetic",
             "trainer.steps=1"]
     plan = validate(_cfg(*base))
     sizes = plan.data.sizes()
     assert plan.byzantine_ranks == (6, 7)
-    dropped, rec = shrink_plan(plan, [6], reason="test")
+    dropped, rec = shrink_job(plan.job(), [6], reason="test")
     assert dropped.n == 7 and dropped.identities == (0, 1, 2, 3, 4, 5, 7) and dropped.byzantine_ranks == (6,)
-    assert dropped.data.sizes() == sizes[:6] + sizes[7:] and rec["shard_sizes"] == dropped.data.sizes()
-    assert dropped.cfg["threat"]["n"] == 7 and dropped.cfg["threat"]["byzantine"] == 1
+    assert _sizes(dropped, plan.data) == sizes[:6] + sizes[7:] and rec["shard_sizes"] == _sizes(dropped, plan.data)
+    assert dropped.byzantine_ids == (7,) and dropped.fingerprint == plan.job().fingerprint  # the original experiment
     plan2 = validate(_cfg(*base, "trainer.shrink_shards=redistribute"))
-    spread, rec2 = shrink_plan(plan2, [2])
+    spread, rec2 = shrink_job(plan2.job(), [2])
     # worker 2's examples are dealt round-robin to the 7 survivors: nothing is lost
-    assert sum(spread.data.sizes()) == sum(sizes) and rec2["shards"] == "redistribute"
-    assert all(a >= b for a, b in zip(spread.data.sizes(), sizes[:2] + sizes[3:]))
+    got = _sizes(spread, plan2.data)
+    assert sum(got) == sum(sizes) and rec2["shards"] == "redistribute" and rec2["shard_sizes"] == got
+    assert all(a >= b for a, b in zip(got, sizes[:2] + sizes[3:]))
+    # a second shrink passes on what the lost survivor had received
+    again, rec3 = shrink_job(spread, [3])
+    assert sum(_sizes(again, plan2.data)) == sum(sizes) == sum(rec3["shard_sizes"])
     # trimmed mean with f = 2 needs n >= 2f + 1 = 5: losing 4 of 8 leaves 4, refused
     with pytest.raises(AssumptionError, match=r"got n=4, f=2"):
-        shrink_plan(plan, [0, 1, 2, 3])
+        shrink_job(plan.job(), [0, 1, 2, 3])
     with pytest.raises(ConfigError, match="no honest worker is left"):
-        shrink_plan(validate(_cfg("threat.n=3", "threat.f=1", "threat.byzantine=1", "aggregator=mean", "strict=false",
-                                  "attack=sign_flip", "data=synthetic", "trainer.steps=1")), [0, 1])
+        shrink_job(validate(_cfg("threat.n=3", "threat.f=1", "threat.byzantine=1", "aggregator=mean", "strict=false",
+                                 "attack=sign_flip", "data=synthetic", "trainer.steps=1")).job(), [0, 1])

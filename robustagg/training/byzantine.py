@@ -12,7 +12,9 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
+from ..aggregators.base import Aggregator
 from ..errors import ConfigError
+from ..preaggregation.base import PreAggregator
 
 __all__ = ["GradientAttack", "LabelPoison", "ByzantineBehaviour"]
 
@@ -41,6 +43,24 @@ class GradientAttack(Protocol):
 LabelPoison = Callable[[torch.Tensor, int], torch.Tensor]
 
 
+def _hidden_state(fn: Any) -> Any:
+    """A stateful object ``fn`` closes over (or binds) while ``fn`` itself has no ``state_dict``."""
+    if fn is None or hasattr(fn, "state_dict"):
+        return None
+    held: list[Any] = []
+    held += [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if c.cell_contents is not None]
+    held += [getattr(fn, "__self__", None)]
+    held += list(getattr(fn, "args", ())) + list(getattr(fn, "keywords", {}).values())  # functools.partial
+    held += list(getattr(fn, "__defaults__", None) or ())
+    for obj in held:
+        if obj is None or isinstance(obj, (type, torch.Tensor, Aggregator, PreAggregator)) \
+                or not callable(getattr(obj, "state_dict", None)):
+            continue  # the defender's rule is checkpointed by the trainer itself
+        if bool(getattr(obj, "stateful", True)):  # objects that declare ``stateful = False`` hold nothing
+            return obj
+    return None
+
+
 @dataclass
 class ByzantineBehaviour:
     """Which workers are Byzantine and what they do.
@@ -58,8 +78,11 @@ class ByzantineBehaviour:
             ``gradient_fn`` then gets zeros of the honest rows' shape and ``own=None``.
 
     Raises:
-        ConfigError: duplicate or negative ranks, or neither callable given while ``ranks`` is
-            non-empty.
+        ConfigError: duplicate or negative ranks, neither callable given while ``ranks`` is
+            non-empty, or ``gradient_fn`` is a function (lambda, closure, bound method, partial)
+            over a stateful attack without a ``state_dict`` of its own (its state would silently
+            be missing from checkpoints; wrap the attack in
+            :class:`~robustagg.training.AttackAdapter`).
 
     Note:
         Omniscient attacks need this step's honest submissions: when ``gradient_fn`` is set, the
@@ -83,6 +106,12 @@ class ByzantineBehaviour:
             raise ConfigError(f"Byzantine ranks must be distinct non-negative ints; got {list(self.ranks)}.")
         if self.ranks and self.gradient_fn is None and self.poison_fn is None:
             raise ConfigError("ByzantineBehaviour needs gradient_fn or poison_fn when ranks is non-empty.")
+        hidden = _hidden_state(self.gradient_fn)
+        if hidden is not None:
+            raise ConfigError(f"gradient_fn wraps {type(hidden).__name__}, which has state (state_dict), but "
+                              f"gradient_fn itself has no state_dict: checkpoints would silently drop that state. "
+                              f"Pass robustagg.training.AttackAdapter(attack, rule), or give gradient_fn "
+                              f"state_dict/load_state_dict methods that forward to it.")
 
     def active(self, step: int) -> bool:
         """True when the Byzantine workers attack at ``step``."""

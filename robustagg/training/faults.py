@@ -11,7 +11,7 @@ after a restore does not fire it again.
 
 | kind | what happens on worker ``rank`` at step ``step`` |
 |---|---|
-| ``crash`` | the process dies hard (``how``: ``sigkill``, or ``exit`` = ``os._exit``); ``where``: ``before_step`` (start of the step), ``after_reduce`` (the aggregate is known; this rank dies *before* its optimizer step while the others take theirs) or ``after_step`` |
+| ``crash`` | the process dies hard (``how``: ``sigkill``, or ``exit`` = ``os._exit``); ``where``: ``before_step`` (start of the step), ``after_reduce`` (the aggregate is known; this rank dies *before* its optimizer step while the others take theirs), ``after_step``, or ``after_commit`` (right after the checkpoint of step ``step`` is committed, before anything else) |
 | ``hang`` | the worker sleeps ``seconds`` inside its compute time (a straggler; past the collective timeout it becomes a fail-stop) |
 | ``desync`` | ``mode=skip``: its collective counter jumps one ahead, as after skipping a collective; ``mode=reorder``: it announces the next step's exchange first. The header exchange catches both before any data moves |
 | ``corrupt`` | ``bits`` bits of its submission's wire frame are flipped *after* the checksum was taken (corruption in transit) |
@@ -53,7 +53,7 @@ __all__ = ["KINDS", "Fault", "FaultInjector", "fired_faults"]
 
 #: Every fault kind, in the order of the table above.
 KINDS = ("crash", "hang", "desync", "corrupt", "nan", "checkpoint_crash", "checkpoint_corrupt")
-_WHERE = ("before_step", "after_reduce", "after_step")
+_WHERE = ("before_step", "after_reduce", "after_step", "after_commit")
 _HOW = ("sigkill", "exit")
 _EXIT_CODE = 71
 
@@ -66,7 +66,8 @@ class Fault:
         kind: one of :data:`KINDS`.
         rank: the worker it hits (its rank in the original group; unchanged by an elastic shrink).
         step: the 1-based number of the training step (checkpoint kinds: the checkpoint's step).
-        where: ``crash`` only: ``before_step``, ``after_reduce`` or ``after_step``.
+        where: ``crash`` only: ``before_step``, ``after_reduce``, ``after_step`` or ``after_commit``
+            (right after the commit of the checkpoint of step ``step``; needs a checkpoint there).
         how: ``crash`` and ``checkpoint_crash``: ``sigkill`` or ``exit``.
         seconds: ``hang`` only: how long the worker stalls (> 0).
         mode: ``desync`` only: ``skip`` or ``reorder``.
@@ -267,7 +268,11 @@ class FaultInjector:
             self._die(f.how)
 
     def checkpoint_committed(self, step: int, path: Path) -> None:
-        """``checkpoint_corrupt``: flip one byte in the middle of a committed file on disk."""
+        """``checkpoint_corrupt``: flip one byte in the middle of a committed file on disk;
+        ``crash`` with ``where="after_commit"``: die right after the commit."""
+        crash = self._take("crash", self._process_worker(), step, where="after_commit")
+        if crash is not None:
+            self._die(crash.how)
         f = self._take("checkpoint_corrupt", self._process_worker(), step)
         if f is None:
             return

@@ -28,7 +28,12 @@ EvalFn = Callable[[], dict[str, float]]
 
 
 class Sink(Protocol):
-    """Where records go: ``log(record, step)`` per record, ``close()`` once at the end."""
+    """Where records go: ``log(record, step)`` per record, ``close()`` once at the end.
+
+    A sink may also have ``sync()``: :func:`fit` calls it before every checkpoint commit, so the
+    records of the steps a checkpoint covers are durable before it is (a kill right after a
+    commit loses no record).
+    """
 
     def log(self, record: dict[str, Any], step: int) -> None: ...
 
@@ -42,10 +47,11 @@ def _jsonable(v: Any) -> Any:
 
 
 class JsonlSink:
-    """Appends one JSON object per record to a ``.jsonl`` file (flushed per line, fsynced at close).
+    """Appends one JSON object per record to a ``.jsonl`` file (flushed per line, fsynced by :meth:`sync`).
 
     Non-finite floats are written as ``null`` (NaN) or the strings ``"inf"``/``"-inf"`` so that
-    every line is strict JSON.
+    every line is strict JSON. A record whose ``(kind, step)`` the file already holds is skipped,
+    so a resumed run never writes a step twice (e.g. the final evaluation of a run killed after it).
 
     Args:
         path: the file (its parent is created); appended to if it exists.
@@ -54,17 +60,33 @@ class JsonlSink:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._seen = {(str(r.get("kind")), int(r.get("step", 0))) for r in _read_records(self.path)}
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def log(self, record: dict[str, Any], step: int) -> None:
+        key = (str(record.get("kind")), int(record.get("step", step)))
+        if key in self._seen:
+            return
+        self._seen.add(key)
         self._fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}, allow_nan=False) + "\n")
         self._fh.flush()
 
-    def close(self) -> None:
+    def sync(self) -> None:
+        """Make every record written so far durable (fsync); called before a checkpoint commits."""
         if not self._fh.closed:
             self._fh.flush()
             os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self.sync()
             self._fh.close()
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    from ..checkpoint import read_jsonl
+
+    return read_jsonl(path)
 
 
 @dataclass
@@ -148,6 +170,13 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
     return rec
 
 
+def _sync(sinks: Sequence[Sink]) -> None:
+    for s in sinks:
+        fn = getattr(s, "sync", None)
+        if fn is not None:
+            fn()
+
+
 def _mean(values: Sequence[float]) -> float:
     vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     return sum(vals) / len(vals) if vals else math.nan
@@ -197,8 +226,8 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
     kappas: list[float] = []
     accepted: list[float] = []
     summary = RunSummary(assumption_violated=bool(assumption_violated))
-    bar = tqdm(total=steps, disable=not (progress and main), desc="train", dynamic_ncols=True, leave=True,
-               mininterval=0.5)
+    bar = tqdm(total=trainer.step_id + steps, initial=trainer.step_id, disable=not (progress and main), desc="train",
+               dynamic_ncols=True, leave=True, mininterval=0.5)  # a resumed run's bar starts at its step
     last_test: dict[str, float] = {}
 
     def emit(rec: dict[str, Any]) -> None:
@@ -228,36 +257,39 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         done = trainer.step_id
         if param_check_every and done % param_check_every == 0 and done != end:
             trainer.check_parameters()
+        if main:
+            if stragglers is not None:
+                for flag in stragglers.add(done, [h.seconds for h in out.reduced.headers]):
+                    if on_detect is not None:
+                        on_detect({"kind": "straggler", **flag})
+            if out.reduced.dropped and on_detect is not None:
+                on_detect({"kind": "nonfinite", "step": done, "ranks": list(out.reduced.dropped), "action": "dropped"})
+            rec = step_record(out, trainer)
+            rec["assumption/violated"] = int(assumption_violated)
+            rec["time/elapsed_s"] = time.perf_counter() - t0
+            summary.dropped_rows += len(out.reduced.dropped)
+            kappas.append(rec.get("agg/kappa_hat", math.nan))
+            if out.byzantine and "agg/byz_accepted" in rec:
+                accepted.append(rec["agg/byz_accepted"])
+            emit(rec)
+            if evaluate is not None and eval_every and done % eval_every == 0 and done != end:
+                run_eval()
+            bar.update(1)
+            if done % 10 == 0 or done == end:
+                post = {"loss": f"{rec['train/loss']:.3f}"}
+                if last_test:
+                    post["acc"] = f"{last_test['test/acc']:.3f}"
+                if math.isfinite(rec.get("agg/kappa_hat", math.nan)):
+                    post["kappa"] = f"{rec['agg/kappa_hat']:.2g}"
+                bar.set_postfix(post, refresh=False)
         if checkpointer is not None and done != end and checkpointer.due(done):
+            if main:
+                _sync(sinks)  # the step's records are durable before the commit that covers the step
             checkpointer.save(trainer)
-        if not main:
-            continue
-        if stragglers is not None:
-            for flag in stragglers.add(done, [h.seconds for h in out.reduced.headers]):
-                if on_detect is not None:
-                    on_detect({"kind": "straggler", **flag})
-        if out.reduced.dropped and on_detect is not None:
-            on_detect({"kind": "nonfinite", "step": done, "ranks": list(out.reduced.dropped), "action": "dropped"})
-        rec = step_record(out, trainer)
-        rec["assumption/violated"] = int(assumption_violated)
-        rec["time/elapsed_s"] = time.perf_counter() - t0
-        summary.dropped_rows += len(out.reduced.dropped)
-        kappas.append(rec.get("agg/kappa_hat", math.nan))
-        if out.byzantine and "agg/byz_accepted" in rec:
-            accepted.append(rec["agg/byz_accepted"])
-        emit(rec)
-        if evaluate is not None and eval_every and done % eval_every == 0 and done != end:
-            run_eval()
-        bar.update(1)
-        if done % 10 == 0 or done == end:
-            post = {"loss": f"{rec['train/loss']:.3f}"}
-            if last_test:
-                post["acc"] = f"{last_test['test/acc']:.3f}"
-            if math.isfinite(rec.get("agg/kappa_hat", math.nan)):
-                post["kappa"] = f"{rec['agg/kappa_hat']:.2g}"
-            bar.set_postfix(post, refresh=False)
     trainer.check_parameters()
     if checkpointer is not None and checkpointer.last_saved != trainer.step_id:
+        if main:
+            _sync(sinks)
         checkpointer.save(trainer)  # the committed end state (on clean exit)
     wall = time.perf_counter() - t0
     if main:

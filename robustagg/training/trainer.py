@@ -89,6 +89,16 @@ class StepOutput:
         return torch.tensor([r not in self.byzantine for r in self.reduced.kept], dtype=torch.bool)
 
 
+def _as_source(obj: Any, rank: int) -> Any:
+    from .sources import BatchSource
+
+    if not isinstance(obj, BatchSource):
+        raise ConfigError(f"shards[{rank}] must be a Shard or a BatchSource (next_batch, state_dict, load_state_dict); "
+                          f"got {type(obj).__name__}. Wrap an iterable or DataLoader in "
+                          f"robustagg.training.IterableSource.")
+    return obj
+
+
 def _clone(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.clone()
 
@@ -101,7 +111,11 @@ class Trainer:
         optimizer: over ``model.parameters()``; stepped with the robust aggregate as gradient.
         reduction: a :class:`~robustagg.distributed.Reduction` (its communicator says which
             workers this process hosts).
-        shards: ``{rank: Shard}`` for exactly the hosted workers.
+        shards: ``{rank: Shard | BatchSource}`` for exactly the hosted workers: in-memory tensors
+            (batched by a :class:`~robustagg.training.ShardSampler`) or any
+            :class:`~robustagg.training.BatchSource` (e.g. an
+            :class:`~robustagg.training.IterableSource` over a DataLoader) whose position is
+            checkpointed.
         batch_size: examples per worker per step.
         num_classes: number of classes (handed to the label poison).
         seed: the run's seed (data order of every worker derives from it).
@@ -115,6 +129,8 @@ class Trainer:
             worker id seeds the worker's batches and RNG stream and keys its checkpointed state,
             so a worker keeps its trajectory when an elastic shrink gives it another rank.
         injector: a :class:`~robustagg.training.faults.FaultInjector` (fault injection), or ``None``.
+        batch_loss: ``(model, batch) -> scalar``: the loss over any batch a source yields
+            (default: ``loss_fn(model(x), y)`` for ``(x, y)`` batches).
 
     Raises:
         ConfigError: hosted workers and shards differ, Byzantine ranks out of range, every worker
@@ -123,10 +139,11 @@ class Trainer:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduction: Reduction,
-                 shards: Mapping[int, Shard], *, batch_size: int, num_classes: int, seed: int = 0,
+                 shards: Mapping[int, Any], *, batch_size: int, num_classes: int, seed: int = 0,
                  loss_fn: LossFn = F.cross_entropy, scheduler: Optional[Any] = None, worker_momentum: float = 0.0,
                  byzantine: Optional[ByzantineBehaviour] = None, metrics: bool = True,
-                 identities: Optional[Mapping[int, int]] = None, injector: Optional["FaultInjector"] = None) -> None:
+                 identities: Optional[Mapping[int, int]] = None, injector: Optional["FaultInjector"] = None,
+                 batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None) -> None:
         self.comm = reduction.comm
         if sorted(shards) != list(self.comm.local_ranks):
             raise ConfigError(f"shards must be given for the hosted workers {list(self.comm.local_ranks)}; "
@@ -158,8 +175,11 @@ class Trainer:
         self.byzantine = byzantine
         self.metrics = bool(metrics)
         self.step_id = 0
-        self.samplers = {r: ShardSampler(len(s), batch_size, seed=seed, rank=self.identities[r])
-                         for r, s in self.shards.items()}
+        self.batch_loss = batch_loss
+        #: the position of every hosted worker's data: a sampler over a Shard, or the source itself.
+        self.samplers: dict[int, Any] = {
+            r: (ShardSampler(len(s), batch_size, seed=seed, rank=self.identities[r]) if isinstance(s, Shard) else
+                _as_source(s, r)) for r, s in self.shards.items()}
         self.momentum: dict[int, Optional[torch.Tensor]] = {r: None for r in self.shards}
         # Each worker's own torch CPU RNG stream (dropout and other randomness in the forward and
         # backward pass), swapped in around its gradient: the streams do not depend on how workers
@@ -188,11 +208,22 @@ class Trainer:
         """``d``: the length of a submission."""
         return sum(p.numel() for p in self.params)
 
-    def _gradient(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def _next_batch(self, r: int) -> Any:
+        shard = self.shards[r]
+        if isinstance(shard, Shard):
+            idx = self.samplers[r].next()
+            return shard.x[idx], shard.y[idx]
+        return self.samplers[r].next_batch()
+
+    def _gradient(self, batch: Any) -> tuple[torch.Tensor, float]:
         self.model.train()
         for p in self.params:
             p.grad = None
-        loss = self.loss_fn(self.model(x), y)
+        if self.batch_loss is not None:
+            loss = self.batch_loss(self.model, batch)
+        else:
+            x, y = batch
+            loss = self.loss_fn(self.model(x), y)
         loss.backward()
         g = flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         return g.detach(), float(loss.detach())
@@ -220,13 +251,12 @@ class Trainer:
             tw = time.perf_counter()
             if inj is not None:
                 inj.compute(step, r)
-            shard = self.shards[r]
-            idx = self.samplers[r].next()
-            x, y = shard.x[idx], shard.y[idx]
+            batch = self._next_batch(r)
             if r in byz_ranks and byz is not None and byz.poison_fn is not None:
-                y = byz.poison_fn(y, self.num_classes)
+                x, y = batch
+                batch = (x, byz.poison_fn(y, self.num_classes))
             torch.set_rng_state(self.worker_rng[r])
-            g, loss = self._gradient(x, y)
+            g, loss = self._gradient(batch)
             self.worker_rng[r] = torch.get_rng_state()
             if self.worker_momentum > 0:
                 m = self.momentum[r]

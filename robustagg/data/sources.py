@@ -1,0 +1,42 @@
+"""Bundled data: scikit-learn's 8x8 digits (offline) and a seeded synthetic Gaussian mixture.
+
+Inputs are returned flat (``(N, D)`` float32) with int64 labels; image models reshape them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["load_digits", "make_synthetic"]
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray, int, tuple[int, ...]]:
+    """scikit-learn's handwritten digits: 1797 images of 8x8 pixels, 10 classes, scaled to [0, 1].
+
+    References: Alpaydin, Kaynak, "Optical Recognition of Handwritten Digits", UCI ML repository, 1998.
+    """
+    from sklearn.datasets import load_digits as _load  # type: ignore[import-untyped]
+
+    x, y = _load(return_X_y=True)
+    return (x / 16.0).astype(np.float32), y.astype(np.int64), 10, (1, 8, 8)
+
+
+def make_synthetic(*, dim: int, num_classes: int, samples: int, separation: float,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A Gaussian mixture: class ``c``'s mean ``mu_c = separation * u_c`` (``u_c`` uniform on the
+    unit sphere), examples ``x = mu_c + N(0, I_dim)``, labels balanced (``samples // C`` each, rest
+    to the first classes).
+
+    Raises:
+        ConfigError: dim, num_classes or samples below 1, or fewer samples than classes.
+    """
+    if dim < 1 or num_classes < 2 or samples < num_classes:
+        raise ConfigError(f"synthetic data needs data.dim >= 1, data.num_classes >= 2 and data.samples >= "
+                          f"num_classes; got dim={dim}, num_classes={num_classes}, samples={samples}.")
+    u = rng.standard_normal((num_classes, dim))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    y = np.arange(samples) % num_classes
+    x = separation * u[y] + rng.standard_normal((samples, dim))
+    return x.astype(np.float32), y.astype(np.int64)

@@ -1,0 +1,203 @@
+"""A run's identity: the experiment fingerprint, and the check that resume cannot mix experiments.
+
+The *fingerprint* of an experiment is a flat ``{dotted key: value}`` map of every setting that
+changes the trajectory (the configuration minus :data:`EXCLUDED`). It is written into every
+committed manifest. Before any process starts, :func:`check_resume` reads the newest committed
+manifest of the checkpoint folder (untrusted input: parsed defensively, never unpickled) and
+compares: a difference is refused with one message listing every differing key with both values,
+unless the caller allows it (``resume_changes="allow"``), in which case the change is returned for
+the lineage ("record the changed experiment", design brief).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+from ..checkpoint import CheckpointStore
+from ..errors import ConfigError
+
+__all__ = ["EXCLUDED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
+           "diff_fingerprints"]
+
+#: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
+#: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings.
+EXCLUDED: tuple[str, ...] = (
+    "trainer.steps", "trainer.resume", "trainer.resume_changes", "trainer.max_restarts", "trainer.progress",
+    "trainer.port", "trainer.master_addr", "trainer.checkpoint", "trainer.on_failure", "trainer.shrink_shards",
+    "trainer.collective_timeout_s", "trainer.straggler_factor", "trainer.eval_every", "trainer.param_check_every",
+    "trainer.metrics", "trainer.start_method", "trainer.rejoin", "out_dir", "run_name", "faults", "logger",
+)
+
+
+def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(node, Mapping) and node:
+        for k in sorted(node, key=str):
+            _flatten(node[k], f"{prefix}.{k}" if prefix else str(k), out)
+    else:
+        if isinstance(node, float) and not math.isfinite(node):
+            node = repr(node)
+        out[prefix] = node if isinstance(node, (str, int, float, bool, type(None))) else json.loads(
+            json.dumps(node, default=str))
+
+
+def fingerprint(config: Mapping[str, Any], *, excluded: Iterable[str] = EXCLUDED) -> dict[str, Any]:
+    """The experiment's identity: ``{dotted key: value}`` of ``config`` without the ``excluded`` prefixes.
+
+    Args:
+        config: the resolved configuration as plain containers (nested dicts and lists).
+        excluded: dotted key prefixes to leave out (default :data:`EXCLUDED`).
+
+    Returns:
+        a flat dict, JSON-serialisable, sorted by key. Lists are values (``model.hidden: [64]``).
+
+    Example:
+        >>> fingerprint({"trainer": {"lr": 0.1, "steps": 5}, "seed": 0})
+        {'seed': 0, 'trainer.lr': 0.1}
+    """
+    flat: dict[str, Any] = {}
+    _flatten(copy.deepcopy(dict(config)), "", flat)
+    ex = tuple(excluded)
+    keep = {k: v for k, v in flat.items() if not any(k == e or k.startswith(e + ".") for e in ex)}
+    return dict(sorted(keep.items()))
+
+
+def fingerprint_hash(fp: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of a fingerprint's canonical JSON."""
+    return hashlib.sha256(json.dumps(dict(fp), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def code_revision() -> str:
+    """The git commit of the checkout robustagg is imported from, else ``robustagg <version>``."""
+    import robustagg as ra
+
+    git = Path(ra.__file__).resolve().parents[1] / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if head.startswith("ref:"):
+            ref = head.split(None, 1)[1]
+            if (git / ref).is_file():
+                return (git / ref).read_text().strip()
+            for line in (git / "packed-refs").read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0]
+        return head
+    except OSError:
+        return f"robustagg {getattr(ra, '__version__', 'unknown')}"
+
+
+def diff_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (checkpoint value, current value)}`` for every key whose values differ (missing: ``"<absent>"``)."""
+    absent = "<absent>"
+    keys = sorted(set(old) | set(new))
+    return {k: (old.get(k, absent), new.get(k, absent)) for k in keys if old.get(k, absent) != new.get(k, absent)}
+
+
+@dataclass
+class ResumeCheck:
+    """What :func:`check_resume` found in the checkpoint folder.
+
+    Attributes:
+        checkpoint: the newest committed checkpoint that verifies (its folder name), or ``None``.
+        step: its step (0 when none).
+        rejected: ``[(folder name, reason)]`` for every newer committed checkpoint that does not verify.
+        changes: ``{key: (checkpoint value, current value)}`` accepted under ``resume_changes="allow"``.
+        message: one line for the user ("resume: ...").
+    """
+
+    checkpoint: Optional[str] = None
+    step: int = 0
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    message: str = ""
+
+
+def _read_manifest(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        data = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_changes: str = "refuse",
+                 record: bool = True) -> ResumeCheck:
+    """Before any process starts: find what ``resume=auto`` would continue, and refuse a mixed experiment.
+
+    Only reads the folder (plus, with ``record``, one ``lineage.jsonl`` line per rejected checkpoint
+    or accepted change). The checkpoint folder is untrusted: a manifest that is not JSON is a
+    rejection with its reason, never an exception.
+
+    Args:
+        ckpt_dir: the run's checkpoint folder (may not exist yet).
+        current: the fingerprint of the experiment about to run (:func:`fingerprint`).
+        resume_changes: ``"refuse"`` (default) or ``"allow"`` (continue the changed experiment;
+            the change is recorded in the lineage).
+        record: append the rejections and an accepted change to ``lineage.jsonl``.
+
+    Returns:
+        a :class:`ResumeCheck`.
+
+    Raises:
+        ConfigError: ``resume_changes`` is neither value; every committed checkpoint is rejected
+            (the message lists each reason); or the experiment differs from the checkpoint's and
+            changes are refused (the message lists every differing key, both values, and the fixes).
+    """
+    if resume_changes not in ("refuse", "allow"):
+        raise ConfigError(f"trainer.resume_changes must be refuse or allow; got {resume_changes!r}.")
+    root = Path(ckpt_dir)
+    result = ResumeCheck()
+    if not root.is_dir():
+        result.message = f"resume: no checkpoint folder yet ({root}); starting at step 0"
+        return result
+    store = CheckpointStore(root)
+    candidates = store.candidates()
+    chosen: Optional[tuple[Path, dict[str, Any]]] = None
+    for path in candidates:
+        problems = store.verify(path)
+        manifest = _read_manifest(path)
+        if not problems and manifest is not None:
+            chosen = (path, manifest)
+            break
+        result.rejected.append((path.name, "; ".join(problems) or "unreadable manifest"))
+    if record:
+        for name, why in result.rejected:
+            store.append_lineage({"event": "rejected", "checkpoint": name, "reason": why, "by": "pre-launch check"})
+    if chosen is None:
+        if result.rejected:
+            lines = "\n".join(f"  - {n}: {w}" for n, w in result.rejected)
+            raise ConfigError(f"{root} holds {len(result.rejected)} committed checkpoint(s) and none verifies, so "
+                              f"resuming would silently start over on top of them:\n{lines}\nFix: restore the "
+                              f"files, resume from a checkpoint elsewhere (trainer.resume=PATH), or start over in a "
+                              f"new folder with trainer.resume=never (the old files are kept).")
+        result.message = f"resume: no committed checkpoint in {root}; starting at step 0"
+        return result
+    path, manifest = chosen
+    result.checkpoint, result.step = path.name, int(manifest.get("step", 0))
+    old = manifest.get("fingerprint")
+    if isinstance(old, dict):
+        changes = diff_fingerprints(old, current)
+    elif manifest.get("config_hash") not in (None, fingerprint_hash(current)):
+        changes = {"<config_hash>": (manifest.get("config_hash"), fingerprint_hash(current))}
+    else:
+        changes = {}
+    if changes and resume_changes != "allow":
+        lines = "\n".join(f"  {k}: {a!r} (checkpoint) -> {b!r} (now)" for k, (a, b) in changes.items())
+        raise ConfigError(f"{root}/{path.name} belongs to a different experiment than this command; resuming would "
+                          f"mix two experiments. Differing keys:\n{lines}\nFix: run the original command again "
+                          f"(keys such as trainer.steps, logging and fault settings may change), start a new run "
+                          f"(another run_name or hydra.run.dir), or pass trainer.resume_changes=allow to continue "
+                          f"the changed experiment (the change is recorded in lineage.jsonl).")
+    result.changes = changes
+    if changes and record:
+        store.append_lineage({"event": "experiment_changed", "checkpoint": path.name, "step": result.step,
+                              "changes": {k: [a, b] for k, (a, b) in changes.items()}})
+    skipped = f" (skipped {len(result.rejected)} newer that did not verify)" if result.rejected else ""
+    changed = f"; continuing with {len(changes)} changed key(s), recorded" if changes else ""
+    result.message = f"resume: found {path.name} in {root} (verified){skipped}; resuming from step {result.step}{changed}"
+    return result

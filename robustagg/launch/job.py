@@ -1,0 +1,362 @@
+"""What a supervised run is: a :class:`Job` (picklable), the :class:`WorkerContext` each process gets,
+and the :class:`WorkerParts` the job's ``build`` returns.
+
+A job is data plus one function. ``build(ctx)`` runs in every worker process (or once in the
+simulated mode) and returns the objects of :class:`~robustagg.training.Trainer` for the workers that
+process hosts. Everything else (spawning, restore, checkpoints, restarts, elastic shrink, evidence,
+the run lock, signals, the run files) is the library's: :func:`robustagg.launch.launch` runs a job.
+
+Worker ids and ranks: a worker keeps its *worker id* (its rank in the original group) for its
+whole life; an elastic shrink renumbers the ranks ``0..n'-1`` over the survivors. ``build`` keys
+data by worker id (:meth:`WorkerContext.shard`), so the survivors keep their data, batches and RNG
+streams.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+from ..aggregators.base import Aggregator
+from ..errors import AssumptionError, AssumptionWarning, ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..distributed.comm import Communicator
+    from ..training.byzantine import ByzantineBehaviour
+    from ..training.faults import Fault
+    from ..training.trainer import Shard
+
+__all__ = ["RunSettings", "WorkerContext", "WorkerParts", "Job", "shrink_job"]
+
+
+@dataclass
+class RunSettings:
+    """How the library runs and supervises a job (the trainer's knobs that are not the experiment's objects).
+
+    Attributes:
+        mode: ``"processes"`` (one OS process per worker, or the group torchrun started) or
+            ``"simulated"`` (every worker in this process; bit-identical on CPU with one thread).
+        steps: total optimizer steps of the run (a resumed run continues up to it).
+        batch_size: examples per worker per step (for :class:`~robustagg.training.Shard` data).
+        seed: the run's seed (data order, worker RNG streams).
+        worker_momentum: beta in ``[0, 1)`` of each worker's momentum (0 = off).
+        eval_every: evaluate every K steps (0: only at the end). param_check_every: compare
+            parameter and optimizer digests across ranks every K steps (0: only at the end).
+        reduction: ``auto``, ``gather`` or ``sharded``. on_nonfinite: ``abort`` or ``drop``.
+        metrics: per-step ``agg/*`` metrics. progress: a progress bar on rank 0.
+        device: ``cpu`` or ``cuda``. backend: ``gloo`` or ``nccl``. threads: torch threads per process.
+        start_method: ``fork``, ``spawn``, ``forkserver`` or ``auto`` (fork on Linux with CPU).
+        collective_timeout_s: seconds a collective waits. master_addr, port: rendezvous of spawned
+            workers (port 0: a free one).
+        checkpoint_every: committed checkpoint every K steps and at the end (0: none).
+        checkpoint_keep: committed checkpoints kept. ckpt_dir: the checkpoint folder (empty:
+            ``<run_dir>/checkpoints``).
+        resume: ``auto``, ``never`` or one checkpoint folder. resume_changes: ``refuse`` or ``allow``
+            a resume whose experiment fingerprint differs (see :mod:`~robustagg.launch.identity`).
+        max_restarts: restarts of the group by the app's own launcher after a failure.
+        on_failure: ``restart`` (same n) or ``shrink`` (without the lost workers, if the rule allows).
+        shrink_shards: the lost workers' data is ``drop``-ped or ``redistribute``-d.
+        straggler_factor: flag a rank waited for more than this many step medians.
+        logger: ``{"name": "wandb"|"none", "project", "entity", "mode", "group", "tags"}``.
+    """
+
+    mode: str = "processes"
+    steps: int = 100
+    batch_size: int = 32
+    seed: int = 0
+    worker_momentum: float = 0.0
+    eval_every: int = 0
+    param_check_every: int = 0
+    reduction: str = "auto"
+    on_nonfinite: str = "abort"
+    metrics: bool = True
+    progress: bool = False
+    device: str = "cpu"
+    backend: str = "gloo"
+    threads: int = 1
+    start_method: str = "auto"
+    collective_timeout_s: float = 60.0
+    master_addr: str = "127.0.0.1"
+    port: int = 0
+    checkpoint_every: int = 0
+    checkpoint_keep: int = 3
+    ckpt_dir: str = ""
+    resume: str = "auto"
+    resume_changes: str = "refuse"
+    max_restarts: int = 0
+    on_failure: str = "restart"
+    shrink_shards: str = "drop"
+    straggler_factor: float = 10.0
+    logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+
+    def check(self) -> None:
+        """Refuse values that cannot work (before any process starts).
+
+        Raises:
+            ConfigError: naming the setting, the value and the allowed range.
+        """
+        choices = {"mode": ("processes", "simulated"), "on_nonfinite": ("abort", "drop"),
+                   "device": ("cpu", "cuda"), "backend": ("gloo", "nccl"),
+                   "start_method": ("auto", "fork", "spawn", "forkserver"), "resume_changes": ("refuse", "allow"),
+                   "on_failure": ("restart", "shrink"), "shrink_shards": ("drop", "redistribute")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}.")
+        for key in ("steps", "eval_every", "param_check_every", "checkpoint_every", "max_restarts"):
+            if int(getattr(self, key)) < 0:
+                raise ConfigError(f"{key} must be >= 0; got {getattr(self, key)}.")
+        for key in ("batch_size", "threads", "checkpoint_keep"):
+            if int(getattr(self, key)) < 1:
+                raise ConfigError(f"{key} must be >= 1; got {getattr(self, key)}.")
+        if not 0.0 <= float(self.worker_momentum) < 1.0:
+            raise ConfigError(f"worker_momentum must be in [0, 1); got {self.worker_momentum}.")
+        if self.resume == "":
+            raise ConfigError("resume must be auto, never or a checkpoint folder; got an empty string.")
+
+
+@dataclass
+class WorkerParts:
+    """What ``Job.build`` returns for the workers one process hosts.
+
+    Attributes:
+        model: the model, initialised identically in every process (seed it in ``build``).
+        optimizer: over ``model.parameters()`` (any ``torch.optim`` optimizer; its full state is
+            checkpointed and compared across ranks).
+        rule: the robust rule (an :class:`~robustagg.aggregators.base.Aggregator`, pipelines included).
+        shards: ``{rank: Shard | BatchSource}`` for exactly ``ctx.local_ranks`` (see
+            :class:`~robustagg.training.Trainer`).
+        scheduler: an optional learning-rate scheduler (checkpointed).
+        byzantine: the :class:`~robustagg.training.ByzantineBehaviour` over the *current* ranks
+            (``ctx.byzantine_ranks``), or ``None``.
+        evaluate: ``() -> {"test/acc": ..., ...}`` called on rank 0, or ``None``.
+        num_classes: handed to a label poison.
+        loss_fn: ``(model outputs, labels) -> scalar`` (default cross-entropy), or, with
+            ``batch_loss``, ignored.
+        batch_loss: ``(model, batch) -> scalar``: the loss over any batch a source yields.
+        callbacks: ``cb(trainer, step_output)`` after every step, on every rank.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    rule: Aggregator
+    shards: Mapping[int, Any]
+    scheduler: Any = None
+    byzantine: Optional["ByzantineBehaviour"] = None
+    evaluate: Optional[Callable[[], dict[str, float]]] = None
+    num_classes: int = 0
+    loss_fn: Optional[Callable[..., torch.Tensor]] = None
+    batch_loss: Optional[Callable[[torch.nn.Module, Any], torch.Tensor]] = None
+    callbacks: Sequence[Callable[..., None]] = ()
+
+
+@dataclass
+class Job:
+    """A run the library launches, supervises and restores (picklable: it travels to every process).
+
+    Args:
+        build: ``build(ctx: WorkerContext) -> WorkerParts``, called in every worker process. A
+            module-level function or a picklable callable object (``spawn`` and ``forkserver`` pickle
+            the job; ``fork`` does not).
+        n: number of workers (the current membership's size).
+        run_dir: the run directory (run files, ``metrics.jsonl``, ``checkpoints/``, the run lock).
+        settings: :class:`RunSettings`.
+        f: the declared Byzantine bound (recorded; the rule carries its own ``f``).
+        rule: a prototype of the rule, used by the launcher to check its requirement before launch
+            and at every membership change (``None``: not checked by the launcher).
+        byzantine_ids: the worker ids that are Byzantine (they keep their role through a shrink).
+        identities: the worker id of every rank (default ``range(n)``).
+        fingerprint: the experiment's identity (:func:`~robustagg.launch.identity.fingerprint`),
+            written into every manifest and compared before a resume. Not changed by a shrink.
+        faults: injected :class:`~robustagg.training.Fault` s (processes mode).
+        name: a title for the console and W&B.
+        meta: more summary fields (the setting: rule, attack, data, ...).
+        config: the resolved configuration to store with the W&B run (plain containers).
+        run_id: a random id (kept across restarts; filled in by :func:`~robustagg.launch.launch`).
+        n_initial: the size of the original group. extra_data: how a shrink redistributed data
+            (see :meth:`WorkerContext.shard`). violations: accepted requirement violations
+            (``strict=False``). assumption_violated: recorded in every step record.
+        data_sizes: examples of every worker id's original data (for the shrink record; optional).
+
+    Raises:
+        ConfigError: ``n < 1``, identities of the wrong length or not distinct, Byzantine ids that
+            are not workers, or every worker Byzantine.
+    """
+
+    build: Callable[["WorkerContext"], WorkerParts]
+    n: int
+    run_dir: str
+    settings: RunSettings = field(default_factory=RunSettings)
+    f: int = 0
+    rule: Optional[Aggregator] = None
+    byzantine_ids: tuple[int, ...] = ()
+    identities: tuple[int, ...] = ()
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    faults: list["Fault"] = field(default_factory=list)
+    name: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    run_id: str = ""
+    n_initial: int = 0
+    extra_data: dict[int, list[tuple[tuple[int, ...], int, int]]] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    assumption_violated: bool = False
+    data_sizes: dict[int, int] = field(default_factory=dict)
+
+    def shard_sizes(self) -> list[int]:
+        """Examples held by every current rank (from ``data_sizes`` and ``extra_data``; ``[]`` if unknown)."""
+        if not self.data_sizes:
+            return []
+
+        def size(w: int) -> int:
+            own = int(self.data_sizes.get(w, 0))
+            for lost, i, k in self.extra_data.get(w, []):
+                pool = sum(size(v) for v in lost)
+                own += len(range(i, pool, k))
+            return own
+
+        return [size(w) for w in self.identities]
+
+    def __post_init__(self) -> None:
+        self.n = int(self.n)
+        if self.n < 1:
+            raise ConfigError(f"n must be >= 1 worker; got {self.n}.")
+        self.identities = tuple(int(i) for i in self.identities) or tuple(range(self.n))
+        if len(self.identities) != self.n or len(set(self.identities)) != self.n:
+            raise ConfigError(f"identities must give {self.n} distinct worker ids; got {list(self.identities)}.")
+        self.byzantine_ids = tuple(sorted(int(b) for b in self.byzantine_ids))
+        if any(b not in self.identities for b in self.byzantine_ids):
+            raise ConfigError(f"byzantine_ids {list(self.byzantine_ids)} must be worker ids among "
+                              f"{list(self.identities)}.")
+        if len(self.byzantine_ids) >= self.n:
+            raise ConfigError(f"at least one worker must be honest; got {len(self.byzantine_ids)} Byzantine of "
+                              f"n={self.n}.")
+        self.n_initial = int(self.n_initial or self.n)
+
+    @property
+    def byzantine_ranks(self) -> tuple[int, ...]:
+        """The current ranks of the Byzantine workers."""
+        return tuple(r for r, w in enumerate(self.identities) if w in self.byzantine_ids)
+
+    @property
+    def ckpt_dir(self) -> str:
+        """The checkpoint folder (``settings.ckpt_dir`` or ``<run_dir>/checkpoints``)."""
+        import os
+
+        return self.settings.ckpt_dir or os.path.join(self.run_dir, "checkpoints")
+
+    def check_rule(self, n: Optional[int] = None) -> list[str]:
+        """The rule's requirement at ``n`` workers (default: this job's); violations allowed by ``strict=False``.
+
+        Raises:
+            AssumptionError: the requirement fails and the rule is strict.
+        """
+        if self.rule is None:
+            return []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AssumptionWarning)
+            return list(self.rule.check(self.n if n is None else int(n)))
+
+
+@dataclass
+class WorkerContext:
+    """What ``Job.build`` is told in a worker process.
+
+    Attributes:
+        job: the job (its current membership). rank: this process's rank (0 in simulated mode).
+        local_ranks: the ranks this process hosts. device: where to put the model and data.
+        comm: the communicator (for advanced builds; most only need the above).
+    """
+
+    job: Job
+    rank: int
+    local_ranks: tuple[int, ...]
+    device: torch.device
+    comm: Optional["Communicator"] = None
+
+    @property
+    def n(self) -> int:
+        """Current number of workers."""
+        return self.job.n
+
+    @property
+    def byzantine_ranks(self) -> tuple[int, ...]:
+        """Current ranks of the Byzantine workers (for :class:`~robustagg.training.ByzantineBehaviour`)."""
+        return self.job.byzantine_ranks
+
+    @property
+    def seed(self) -> int:
+        """The run's seed."""
+        return int(self.job.settings.seed)
+
+    def worker_id(self, rank: int) -> int:
+        """The worker id of ``rank``."""
+        return self.job.identities[rank]
+
+    def shard(self, rank: int, data_of: Callable[[int], "Shard"]) -> "Shard":
+        """Worker ``rank``'s training data: ``data_of(worker id)``, plus what a shrink redistributed to it.
+
+        With ``shrink_shards="redistribute"``, the lost workers' data (concatenated in rank order)
+        is dealt round-robin to the survivors: survivor ``i`` of ``n'`` gets rows ``i::n'``.
+
+        Args:
+            rank: a hosted rank. data_of: the original data of a worker id.
+        """
+        from ..training.trainer import Shard
+
+        def of(wid: int) -> Shard:
+            s = data_of(wid)
+            for lost, i, k in self.job.extra_data.get(wid, []):
+                pool = [of(w) for w in lost]
+                x = torch.cat([p.x for p in pool])[i::k]
+                y = torch.cat([p.y for p in pool])[i::k]
+                s = Shard(torch.cat([s.x, x.to(s.x.dtype)]), torch.cat([s.y, y]))
+            return s
+
+        return of(self.worker_id(rank))
+
+
+def shrink_job(job: Job, lost: Sequence[int], *, reason: str = "") -> tuple[Job, dict[str, Any]]:
+    """The job that continues ``job`` without the workers ``lost`` (worker ids), and its lineage record.
+
+    Normalisation follows the survivors (the rule receives ``n' = n - len(lost)`` rows: the mean of
+    the n' survivors, not their sum over the old n); the effective batch becomes ``n' x batch``;
+    the learning rate is left as configured (recorded). The lost workers' data is dropped, or dealt
+    round-robin to the survivors (``settings.shrink_shards``). Byzantine workers among the lost are
+    gone; the survivors keep their roles and worker ids. The fingerprint is the original experiment's.
+
+    Raises:
+        AssumptionError: the rule's requirement fails for n' (strict rules): the run stops.
+        ConfigError: no honest worker would be left.
+    """
+    lost_set = {int(w) for w in lost}
+    survivors = tuple(w for w in job.identities if w not in lost_set)
+    old_n, new_n = job.n, len(survivors)
+    byz = tuple(w for w in job.byzantine_ids if w in survivors)
+    if len(byz) >= new_n:
+        raise ConfigError(f"cannot continue after losing worker(s) {sorted(lost_set)}: no honest worker is left "
+                          f"among the {new_n} survivors.")
+    try:
+        violations = job.check_rule(new_n)
+    except AssumptionError as exc:
+        raise AssumptionError(f"{exc} Cannot shrink from n={old_n} to the n={new_n} surviving workers after "
+                              f"losing worker(s) {sorted(lost_set)}; the run stops.") from None
+    extra = {w: list(v) for w, v in job.extra_data.items()}  # lost workers' received data travels on
+    policy = job.settings.shrink_shards
+    gone = tuple(w for w in job.identities if w in lost_set)
+    if policy == "redistribute" and gone:
+        for i, w in enumerate(survivors):
+            extra.setdefault(w, []).append((gone, i, new_n))
+    new = dataclasses.replace(job, n=new_n, identities=survivors, byzantine_ids=byz, extra_data=extra,
+                              violations=job.violations + list(violations),
+                              assumption_violated=job.assumption_violated or bool(violations))
+    b = int(job.settings.batch_size)
+    record = {"event": "shrink", "old_n": old_n, "new_n": new_n, "lost_workers": sorted(lost_set),
+              "survivors": list(survivors), "byzantine_ranks": list(new.byzantine_ranks), "shards": policy,
+              "normalisation": f"mean over the {new_n} survivors", "effective_batch": [old_n * b, new_n * b],
+              "lr_rule": "unchanged", "violations": list(violations), "reason": reason,
+              "shard_sizes": new.shard_sizes()}
+    return new, record

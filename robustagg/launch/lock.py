@@ -1,0 +1,163 @@
+"""An exclusive lock on a run directory: one launch at a time, stale locks detected by PID and host.
+
+The lock is a file ``<run dir>/run.lock`` created with ``O_CREAT | O_EXCL`` and holding the owner's
+host name, PID and process start time. A lock whose owner is on this host and no longer alive (or a
+different process now has its PID) is stale and is taken over; a lock held by a live process, or by
+another host (whose processes cannot be checked from here), refuses the launch with a message that
+names the owner and the fix. Taking over a stale lock is serialised by ``fcntl.flock`` on a guard
+file, so two launches that both find the same stale lock cannot both take it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Optional
+
+from ..errors import ConfigError
+
+__all__ = ["RunLock", "RunLockedError", "process_start_time"]
+
+LOCK_NAME = "run.lock"
+
+
+class RunLockedError(ConfigError):
+    """The run directory is locked by another launch (a :class:`~robustagg.errors.ConfigError`)."""
+
+
+def process_start_time(pid: int) -> Optional[int]:
+    """The start time of process ``pid`` in clock ticks since boot (Linux ``/proc``), or ``None``."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19])  # field 22 of stat(5), after "pid (comm)"
+    except (IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int, start: Optional[int]) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = process_start_time(pid)
+    return start is None or now is None or now == start
+
+
+class RunLock:
+    """Hold ``<run_dir>/run.lock`` for the lifetime of one launch (a context manager).
+
+    Args:
+        run_dir: the run directory (created if missing).
+        what: a short description of the holder (e.g. the command line), stored in the lock.
+
+    A process that already holds the lock may acquire it again (re-entrant: the inner release
+    leaves it held).
+
+    Raises:
+        RunLockedError: on :meth:`acquire`, when a live process (on this host) or a process on
+            another host holds the lock; the message names host, PID, start time and the fix.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> with RunLock(d) as lock:
+        ...     RunLock(d).acquire()
+        Traceback (most recent call last):
+        ...
+        robustagg.launch.lock.RunLockedError: ...
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, what: str = "") -> None:
+        self.dir = Path(run_dir)
+        self.path = self.dir / LOCK_NAME
+        self.what = what
+        self.held = False
+        self.nested = False
+        self.took_over: Optional[dict[str, Any]] = None
+
+    def _owner(self) -> dict[str, Any]:
+        pid = os.getpid()
+        return {"host": socket.gethostname(), "pid": pid, "start": process_start_time(pid), "since": time.time(),
+                "what": self.what}
+
+    def _create(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self._owner(), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return True
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self) -> "RunLock":
+        """Take the lock (see the class docstring); idempotent for the holder."""
+        if self.held:
+            return self
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self._create():
+            self.held = True
+            return self
+        with open(self.dir / ".run.lock.guard", "a+") as guard:
+            fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
+            owner = self._read()
+            if owner.get("host") == socket.gethostname() and owner.get("pid") == os.getpid():
+                self.held, self.nested = True, True  # this process holds it already (re-entrant)
+                return self
+            host, pid = owner.get("host"), owner.get("pid")
+            stale = (not owner) or (host == socket.gethostname() and isinstance(pid, int)
+                                    and not _alive(pid, owner.get("start")))
+            if stale:
+                try:
+                    self.path.unlink()
+                except FileNotFoundError:
+                    pass
+                if self._create():
+                    self.held, self.took_over = True, owner or {"note": "unreadable lock file"}
+                    return self
+                owner = self._read()
+        since = owner.get("since")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+        where = "this host" if owner.get("host") == socket.gethostname() else f"host {owner.get('host')!r}"
+        fix = ("wait for it to finish or stop it (kill it, then run the same command again to resume)"
+               if owner.get("host") == socket.gethostname() else
+               f"if no process on {owner.get('host')!r} uses this run any more, delete {self.path}")
+        raise RunLockedError(f"run directory {self.dir} is in use by another launch: PID {owner.get('pid')} on "
+                             f"{where}, since {when} ({owner.get('what') or 'no description'}). Two launches on one "
+                             f"run directory would mix their checkpoints; {fix}, or choose another run directory "
+                             f"(run_name=... or hydra.run.dir=...).")
+
+    def release(self) -> None:
+        """Remove the lock file if this object holds it."""
+        if self.held and not self.nested:
+            if self._read().get("pid") == os.getpid():
+                try:
+                    self.path.unlink()
+                except FileNotFoundError:
+                    pass
+        self.held = False
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.release()

@@ -1,0 +1,128 @@
+"""The supervisor's bookkeeping between attempts: what each start is told, failures, and run records.
+
+- :class:`Attempt`: what the launcher tells every worker about this start of the group.
+- :func:`record_failure`: after a failed attempt, the survivors' evidence becomes one detection
+  record (``detections.jsonl``) and is archived (``evidence/attempt-<k>/``).
+- :func:`settle_metrics`: on every start, ``metrics.jsonl`` is cut back to the restored step and
+  de-duplicated, so every train step and every evaluation appears exactly once.
+- :func:`summary_from_records`: the trajectory-wide summary over every record of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ..checkpoint import append_jsonl, atomic_write_bytes, read_jsonl
+from ..training.evidence import read_evidence, summarise_evidence
+
+__all__ = ["Attempt", "last_step_reached", "record_failure", "settle_metrics", "summary_from_records"]
+
+
+@dataclass
+class Attempt:
+    """One start of the worker group, as the launcher tells every worker.
+
+    Attributes:
+        number: restarts so far (0: the first start).
+        reason: why this start happened (the failure that ended the previous attempt).
+        resume: ``auto``, ``never`` or a checkpoint folder (restarts always use ``auto``).
+        fallback: a checkpoint folder ``auto`` uses when the run's folder holds none yet.
+        last_step: the highest step the previous attempt reached (for ``steps_replayed``).
+        shrink: the lineage record of the elastic shrink that preceded this start, or ``None``.
+        changes: an experiment change accepted before launch (``resume_changes=allow``), recorded
+            in the first restore's lineage record.
+    """
+
+    number: int = 0
+    reason: str = ""
+    resume: str = "auto"
+    fallback: str = ""
+    last_step: Optional[int] = None
+    shrink: Optional[dict[str, Any]] = None
+    changes: Optional[dict[str, Any]] = None
+
+
+def last_step_reached(out_dir: Path) -> int:
+    """The highest step in ``metrics.jsonl`` and the evidence files of ``out_dir`` (0 if none)."""
+    steps = [int(r.get("step", 0)) for r in read_jsonl(Path(out_dir) / "metrics.jsonl") if r.get("kind") == "train"]
+    steps += [int(e.get("step_id", 0)) for e in read_evidence(Path(out_dir) / "evidence")]
+    return max(steps, default=0)
+
+
+def record_failure(out_dir: Path, attempt: int, *, lost: list[int], message: str, archive: bool) -> dict[str, Any]:
+    """Append the detection record of a failed attempt to ``detections.jsonl``; archive its evidence.
+
+    Args:
+        out_dir: the run directory (``evidence/`` and ``detections.jsonl`` live there).
+        attempt: the failed attempt's number.
+        lost: worker ids gone without evidence (killed, exited, terminated).
+        message: the launcher's one-line account of the failure.
+        archive: move ``evidence/rank-*.json`` to ``evidence/attempt-<k>/`` (a restart follows).
+
+    Returns:
+        the detection record (see :func:`robustagg.training.summarise_evidence`).
+    """
+    folder = Path(out_dir) / "evidence"
+    evidence = read_evidence(folder)
+    record = summarise_evidence(evidence, attempt=attempt, lost=lost)
+    record.update({"source": "failure", "launcher": message.splitlines()[0][:500] if message else ""})
+    append_jsonl(Path(out_dir) / "detections.jsonl", record)
+    if archive and evidence:
+        dest = folder / f"attempt-{attempt}"
+        dest.mkdir(parents=True, exist_ok=True)
+        for p in folder.glob("rank-*.json"):
+            shutil.move(str(p), str(dest / p.name))
+    return record
+
+
+def settle_metrics(path: Path, step: int) -> int:
+    """Make ``metrics.jsonl`` the record of the restored trajectory: steps ``<= step``, each once.
+
+    Called on every start of the group (rank 0, after the restore), so a record written by an
+    attempt that died after it (steps beyond the restored checkpoint, which will be replayed) and
+    a duplicate (the same ``(kind, step)`` written twice by a kill between a record and the next
+    commit) are gone before the run appends again. The first occurrence of each ``(kind, step)``
+    is kept. Atomic (temp file, fsync, rename); a torn last line is dropped.
+
+    Returns:
+        the number of records removed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    records = read_jsonl(path)
+    seen: set[tuple[str, int]] = set()
+    keep = []
+    for r in records:
+        key = (str(r.get("kind")), int(r.get("step", 0)))
+        if key[1] > step or key in seen:
+            continue
+        seen.add(key)
+        keep.append(r)
+    raw = path.read_bytes()
+    lines = sum(1 for line in raw.splitlines() if line.strip())
+    if len(keep) != lines:
+        atomic_write_bytes(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in keep).encode())
+    return lines - len(keep)
+
+
+def summary_from_records(summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Recompute the trajectory-wide summary fields from every record of ``metrics.jsonl`` (in place)."""
+
+    def mean(vals: list[Any]) -> float:
+        v = [float(x) for x in vals if isinstance(x, (int, float)) and math.isfinite(float(x))]
+        return sum(v) / len(v) if v else math.nan
+
+    train = [r for r in records if r.get("kind") == "train"]
+    tests = [r for r in records if r.get("kind") == "test"]
+    summary["mean_kappa_hat"] = mean([r.get("agg/kappa_hat") for r in train])
+    summary["byz_accepted_rate"] = mean([r["agg/byz_accepted"] for r in train if "agg/byz_accepted" in r])
+    summary["dropped_rows"] = int(sum(int(r.get("agg/dropped", 0)) for r in train))
+    accs = [r["test/acc"] for r in tests if isinstance(r.get("test/acc"), (int, float))]
+    if accs:
+        summary["best_test_acc"] = max(accs)

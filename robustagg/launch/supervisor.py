@@ -1,0 +1,305 @@
+"""Launch and supervise a :class:`~robustagg.launch.Job`: one call for every mode.
+
+:func:`launch` is the library's run lifecycle, the same for ``python -m experiments.train`` and for
+a researcher's own script:
+
+1. **Before any process starts**: the settings and the rule's requirement are checked; the run
+   directory is locked (:class:`~robustagg.launch.RunLock`: a second launch on it is refused);
+   with ``resume=auto`` the newest committed checkpoint is found and verified, and its experiment
+   fingerprint compared with the job's (:func:`~robustagg.launch.identity.check_resume`: a mixed
+   experiment is refused unless ``resume_changes="allow"``; a folder whose checkpoints all fail
+   verification is refused, each reason written to the lineage); with ``resume=never`` on a folder
+   that holds checkpoints the run starts over in a *new* folder (``<run_dir>-2``, ...), never on
+   top of the old files.
+2. **Run**: ``simulated`` hosts every worker here; ``processes`` spawns n workers (the library's
+   launcher, with restarts and elastic shrink), or joins the group torchrun started (torchrun
+   restarts it; rank 0 chooses the run directory and shares it with every rank).
+3. **After a failure**: the survivors' evidence becomes a detection record; with restarts left,
+   the group restarts from the newest committed checkpoint (same n, or the survivors under
+   ``on_failure="shrink"`` if the rule's requirement still holds for them).
+
+Kill, then run the same command again: that is the resume path. The run directory must be stable
+(e.g. ``run_name=...`` in the Hydra app) for the second command to find the first one's checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..checkpoint import CheckpointStore, read_jsonl
+from ..distributed import (EnvRank, LocalComm, ProcessGroupComm, WorkerFailedError, destroy_group, free_port,
+                           from_environment, init_group, raise_on_sigterm, spawn)
+from ..errors import ConfigError
+from ..functional.gram import warm_up
+from ..training import read_evidence
+from .identity import check_resume
+from .job import Job, shrink_job
+from .lock import RunLock
+from .records import Attempt, last_step_reached, record_failure
+from .worker import device_for, run_worker
+
+__all__ = ["launch", "prepare", "read_summary", "run_simulated", "run_spawned", "run_torchrun", "spawned_entry"]
+
+log = logging.getLogger("robustagg.launch")
+
+
+def _has_checkpoints(folder: Path) -> bool:
+    return folder.is_dir() and any(p.is_dir() and p.name.startswith("step-") and "." not in p.name
+                                   for p in folder.iterdir())
+
+
+def _fresh_sibling(run_dir: Path) -> Path:
+    k = 2
+    while (cand := run_dir.with_name(f"{run_dir.name}-{k}")).exists():
+        k += 1
+    return cand
+
+
+def prepare(job: Job, *, restarted: bool = False) -> tuple[Job, Attempt, str]:
+    """Step 1 of :func:`launch` without the lock: settle the run directory and what to resume.
+
+    Args:
+        job: the job. restarted: this process is a torchrun restart (its own checkpoints are
+            expected; ``resume=never`` then means "this run's", not "start over").
+
+    Returns:
+        ``(job, attempt, message)``: the job (its run directory may be a fresh one, its run id
+        set), the first :class:`Attempt`, and one line saying what was found.
+
+    Raises:
+        ConfigError, AssumptionError: bad settings, the rule's requirement, a mixed experiment, a
+            folder whose committed checkpoints all fail verification, an explicit ``resume``
+            folder without a manifest.
+    """
+    s = job.settings
+    s.check()
+    job.violations = list(dict.fromkeys(job.violations + job.check_rule()))
+    job.run_id = job.run_id or uuid.uuid4().hex[:12]
+    run_dir = Path(job.run_dir)
+    ckpt = Path(job.ckpt_dir)
+    attempt = Attempt(number=0, resume=s.resume, fallback=s.resume if s.resume not in ("auto", "never") else "")
+    if s.resume == "never" and not restarted and _has_checkpoints(ckpt):
+        if s.ckpt_dir and not ckpt.resolve().is_relative_to(run_dir.resolve()):
+            raise ConfigError(f"trainer.resume=never but {ckpt} already holds committed checkpoints of another run; "
+                              f"continue it with trainer.resume=auto, or choose another trainer.checkpoint.dir.")
+        fresh = _fresh_sibling(run_dir)
+        message = (f"resume=never: {run_dir} holds checkpoints of an earlier run (kept); starting over in {fresh}")
+        if s.ckpt_dir:  # a checkpoint folder inside the run directory moves with it
+            s.ckpt_dir = str(fresh / ckpt.resolve().relative_to(run_dir.resolve()))
+        job.run_dir = str(fresh)
+        return job, attempt, message
+    if s.resume not in ("auto", "never"):
+        if not (Path(s.resume) / "manifest.json").is_file():
+            raise ConfigError(f"trainer.resume={s.resume!r} is not a committed checkpoint folder (no manifest.json); "
+                              "use auto, never, or a folder such as <dir>/step-00000040.")
+        return job, attempt, f"resume: from {s.resume} (verified by every rank before loading)"
+    if s.resume == "never":
+        return job, attempt, "resume=never: starting at step 0"
+    found = check_resume(ckpt, job.fingerprint, resume_changes=s.resume_changes)
+    if found.changes:
+        attempt.changes = {k: [a, b] for k, (a, b) in found.changes.items()}
+    return job, attempt, found.message
+
+
+def launch(job: Job, *, on_ready: Optional[Callable[[Job], None]] = None, quiet: bool = False) -> dict[str, Any]:
+    """Run ``job`` to the end (see the module docstring) and return rank 0's summary.
+
+    Args:
+        job: the :class:`~robustagg.launch.Job`.
+        on_ready: called with the settled job (final run directory, lock held) before any worker
+            starts, in the launching process (under torchrun: rank 0): write config files there.
+        quiet: do not print what resume found.
+
+    Returns:
+        the summary (also in ``<run_dir>/summary.json``); ``{}`` on torchrun ranks other than 0.
+
+    Raises:
+        ConfigError, AssumptionError: before any process starts (see :func:`prepare`); also a run
+            directory locked by another launch (:class:`~robustagg.launch.RunLockedError`).
+        WorkerFailedError: a worker failed and no restart was left; the whole group was stopped.
+        RobustAggError: in simulated mode, what the step raised.
+    """
+    env = from_environment()
+    if job.settings.mode == "processes" and env is not None:
+        return run_torchrun(job, env, on_ready=on_ready, quiet=quiet) or {}
+    what = " ".join(sys.argv)[:300]
+    with RunLock(job.run_dir, what=what):  # first: a second launch must not even read the folder
+        job, attempt, message = prepare(job)
+        with RunLock(job.run_dir, what=what):  # the same lock, or the fresh folder's (resume=never)
+            return _run_locked(job, attempt, message, on_ready=on_ready, quiet=quiet)
+
+
+def _run_locked(job: Job, attempt: Attempt, message: str, *, on_ready: Optional[Callable[[Job], None]],
+                quiet: bool) -> dict[str, Any]:
+    if message and not quiet:
+        log.warning("%s", message)
+    if on_ready is not None:
+        on_ready(job)
+    if job.settings.mode == "simulated":
+        return run_simulated(job, attempt)
+    return run_spawned(job, attempt)
+
+
+def run_simulated(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
+    """All n workers in this process (no process group)."""
+    device = device_for(job, 0)
+    result = run_worker(job, LocalComm(job.n, device=device), device, attempt)
+    assert result is not None
+    return result
+
+
+def spawned_entry(rank: int, job: Job, init_method: str, attempt: Optional[Attempt] = None) -> None:
+    """Entry point of a spawned worker: join the group, train, leave the group."""
+    s = job.settings
+    torch.set_num_threads(int(s.threads))
+    timeout = float(s.collective_timeout_s)
+    init_group(backend=s.backend, rank=rank, world_size=job.n, timeout=timedelta(seconds=timeout),
+               init_method=init_method)
+    try:
+        device = device_for(job, rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        number = 0 if attempt is None else attempt.number
+        comm = ProcessGroupComm(device=device, timeout_s=timeout, group_id=f"{job.run_id}/attempt-{number}")
+        run_worker(job, comm, device, attempt)
+    finally:
+        destroy_group()
+
+
+def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
+    """Start n worker processes on this machine, supervise them, and return rank 0's summary.
+
+    After a failure the supervisor appends a detection record built from the survivors' evidence
+    to ``detections.jsonl``; if restarts are left (``max_restarts``) it archives the evidence to
+    ``evidence/attempt-<k>/`` and starts the group again, which restores the newest committed
+    checkpoint. With ``on_failure="shrink"`` and workers lost, the new group has only the
+    survivors, if the rule's requirement still holds for them (:func:`shrink_job`).
+
+    Raises:
+        WorkerFailedError: a worker failed and no restart is left; the group was stopped.
+        AssumptionError: ``on_failure="shrink"`` would break the rule's requirement.
+    """
+    s = job.settings
+    addr = str(s.master_addr)
+    method = s.start_method
+    if method == "auto":
+        method = "fork" if sys.platform.startswith("linux") and s.device == "cpu" else "spawn"
+    attempt = attempt or Attempt(resume=s.resume)
+    explicit = s.resume if s.resume not in ("auto", "never") else ""
+    out = Path(job.run_dir)
+    warm_up()  # compile once here (forked workers inherit it, spawned ones load Numba's cache)
+    while True:
+        port = int(s.port) or free_port(addr)
+        try:
+            spawn(spawned_entry, job.n, args=(job, f"tcp://{addr}:{port}", attempt), start_method=method,
+                  preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"))
+            break
+        except WorkerFailedError as exc:
+            lost = [job.identities[r] for r in exc.lost if r < len(job.identities)]
+            last = last_step_reached(out)
+            more = attempt.number < int(s.max_restarts)
+            det = record_failure(out, attempt.number, lost=lost, message=str(exc), archive=more)
+            if not more:
+                if attempt.number:
+                    raise WorkerFailedError(f"after {attempt.number} restart(s): {exc}", rank=exc.rank,
+                                            error_type=exc.error_type, failures=exc.failures, lost=exc.lost,
+                                            terminated=exc.terminated, exitcodes=exc.exitcodes) from None
+                raise
+            reason = (f"{det['kind']} detected at step {det['step']}: " if det.get("step") is not None
+                      else f"{det['kind']}: ") + str(exc).splitlines()[0][:300]
+            log.warning("restart %d/%d after %s", attempt.number + 1, int(s.max_restarts), reason)
+            shrink = None
+            if s.on_failure == "shrink" and lost:
+                try:
+                    job, shrink = shrink_job(job, lost, reason=reason)
+                except Exception as refused:
+                    CheckpointStore(Path(job.ckpt_dir)).append_lineage(
+                        {"event": "shrink_refused", "old_n": job.n, "lost_workers": lost, "reason": str(refused)})
+                    raise
+            attempt = Attempt(number=attempt.number + 1, reason=reason, resume="auto", fallback=explicit,
+                              last_step=last, shrink=shrink)
+    return dict(json.loads((out / "summary.json").read_text()))
+
+
+def _agree_on_run(job: Job, env: EnvRank) -> None:
+    """Rank 0's run directory, checkpoint folder and run id become every rank's (one collective)."""
+    import torch.distributed as dist
+
+    box: list[Any] = [(job.run_dir, job.settings.ckpt_dir, job.run_id)] if env.rank == 0 else [None]
+    dist.broadcast_object_list(box, src=0)
+    job.run_dir, job.settings.ckpt_dir, job.run_id = box[0]
+
+
+def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], None]] = None,
+                 quiet: bool = False) -> Optional[dict[str, Any]]:
+    """Join the group torchrun set up through the environment; rank 0 returns the summary.
+
+    Rank 0 settles the run (:func:`prepare`, the run lock) and shares the run directory, the
+    checkpoint folder and the run id with every rank over the group before anything is written, so
+    ranks that resolved a time-stamped directory a second apart still write one run. torchrun
+    restarts the whole group after a failure (``--max-restarts``); a restarted worker sees
+    ``TORCHELASTIC_RESTART_COUNT > 0`` and restores the newest committed checkpoint (rank 0 first
+    records the previous attempt's evidence).
+    """
+    s = job.settings
+    torch.set_num_threads(int(s.threads))
+    raise_on_sigterm()  # torchrun stops survivors with SIGTERM: let them write their evidence
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    job.run_id = os.environ.get("TORCHELASTIC_RUN_ID") or job.run_id or "torchrun"
+    if job.run_id == "none":
+        job.run_id = "torchrun"
+    if env.world_size != job.n:
+        raise ConfigError(f"torchrun started {env.world_size} processes but the job has n={job.n} workers; one "
+                          f"process per worker is needed (a total of {job.n} across torchrun's nodes).")
+    lock: Optional[RunLock] = None
+    message = ""
+    attempt = Attempt(number=restarts, resume=s.resume if restarts == 0 else "auto",
+                      fallback=s.resume if s.resume not in ("auto", "never") else "")
+    if env.rank == 0:
+        job, first, message = prepare(job, restarted=restarts > 0)
+        if restarts == 0:
+            attempt = first
+        lock = RunLock(job.run_dir, what=f"torchrun rank 0 (restart {restarts})").acquire()
+    timeout = float(s.collective_timeout_s)
+    init_group(backend=s.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout))
+    try:
+        _agree_on_run(job, env)
+        if env.rank == 0:
+            if message and not quiet:
+                log.warning("%s", message)
+            if on_ready is not None:
+                on_ready(job)
+            if restarts > 0:
+                out = Path(job.run_dir)
+                attempt.last_step = last_step_reached(out)
+                seen = {int(e["rank"]) for e in read_evidence(out / "evidence")}
+                lost = [job.identities[r] for r in range(env.world_size) if r not in seen]  # no evidence: gone
+                det = record_failure(out, restarts - 1, lost=lost, message="torchrun restarted the group", archive=True)
+                attempt.reason = (f"torchrun restart {restarts}: {det['kind']} detected at step {det['step']}: "
+                                  f"{det['message']}")
+        device = device_for(job, env.local_rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        comm = ProcessGroupComm(device=device, timeout_s=timeout, group_id=f"{job.run_id}/attempt-{restarts}")
+        return run_worker(job, comm, device, attempt)
+    finally:
+        destroy_group()
+        if lock is not None:
+            lock.release()
+
+
+def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """``summary.json`` of a finished run (``{}`` if absent), with ``metrics.jsonl``'s record count."""
+    p = Path(run_dir) / "summary.json"
+    out: dict[str, Any] = dict(json.loads(p.read_text())) if p.is_file() else {}
+    out["records"] = len(read_jsonl(Path(run_dir) / "metrics.jsonl"))
+    return out

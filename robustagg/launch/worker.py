@@ -1,0 +1,186 @@
+"""What every worker process runs for a :class:`~robustagg.launch.Job`: build, restore, train, run files.
+
+One body for every way in (simulated, the library's own spawned processes, torchrun): build the
+job's parts, restore the newest committed checkpoint every rank agrees on, settle
+``metrics.jsonl`` to the restored step, train with checkpoints, and on rank 0 write the run files
+(``metrics.jsonl``, ``summary.json``, ``model.safetensors``; W&B when configured). On a failure
+every rank that is still alive writes ``evidence/rank-<r>.json`` before it re-raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl
+from ..distributed import Communicator, ShardedReduction, make_reduction
+from ..errors import AssumptionWarning
+from ..functional.gram import warm_up
+from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
+                        save_model, seed_everything, write_evidence, write_json)
+from ..training.faults import fired_faults
+from ..training.resume import FAULT_LOG
+from .job import Job, WorkerContext
+from .records import Attempt, settle_metrics, summary_from_records
+
+__all__ = ["run_worker", "device_for"]
+
+log = logging.getLogger(__name__)
+
+
+def device_for(job: Job, local_rank: int) -> torch.device:
+    """The device of a process: ``cuda:<local_rank mod count>`` or ``cpu``."""
+    if job.settings.device == "cuda":
+        return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+    return torch.device("cpu")
+
+
+def _needs_store(job: Job) -> bool:
+    s = job.settings
+    return bool(s.checkpoint_every > 0 or job.faults or s.max_restarts > 0 or s.resume not in ("auto", "never")
+                or s.on_failure == "shrink" or Path(job.ckpt_dir).is_dir())
+
+
+def run_worker(job: Job, comm: Communicator, device: torch.device,
+               attempt: Optional[Attempt] = None) -> Optional[dict[str, Any]]:
+    """Build ``job`` for the ranks ``comm`` hosts, restore, train, and (on rank 0) write the run files.
+
+    Every process of the group calls it (the simulated mode calls it once with a
+    :class:`~robustagg.distributed.LocalComm` hosting every rank).
+
+    Returns:
+        the summary dict on rank 0, ``None`` elsewhere.
+
+    Raises:
+        whatever training raises (integrity, desynchronisation, collective timeouts, requirement
+        violations), after this rank's evidence is written.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AssumptionWarning)  # reported once, before launch
+        return _run_worker(job, comm, device, attempt or Attempt(resume=job.settings.resume))
+
+
+def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Attempt) -> Optional[dict[str, Any]]:
+    s = job.settings
+    torch.set_num_threads(int(s.threads))
+    seed_everything(int(s.seed))
+    warm_up()  # the Gram kernel's first-call cost must not land in a timed step or a collective
+    ctx = WorkerContext(job=job, rank=comm.rank, local_ranks=tuple(comm.local_ranks), device=device, comm=comm)
+    parts = job.build(ctx)
+    rule = parts.rule
+    reduction = make_reduction(str(s.reduction), rule, comm, on_nonfinite=str(s.on_nonfinite))
+    if isinstance(reduction, ShardedReduction):
+        reduction.metrics = bool(s.metrics)  # its moments and shares cost collectives on every rank
+    ids = {r: job.identities[r] for r in comm.local_ranks}
+    store = CheckpointStore(Path(job.ckpt_dir), keep=int(s.checkpoint_keep)) if _needs_store(job) else None
+    injector = None
+    if job.faults:
+        injector = FaultInjector(job.faults, worker_ids=ids, log=None if store is None else store.root / FAULT_LOG,
+                                 process_rank=comm.rank, attempt=attempt.number)
+    extra: dict[str, Any] = {}
+    if parts.loss_fn is not None:
+        extra["loss_fn"] = parts.loss_fn
+    if parts.batch_loss is not None:
+        extra["batch_loss"] = parts.batch_loss
+    trainer = Trainer(parts.model, parts.optimizer, reduction, parts.shards, batch_size=int(s.batch_size),
+                      num_classes=int(parts.num_classes), seed=int(s.seed), scheduler=parts.scheduler,
+                      worker_momentum=float(s.worker_momentum), byzantine=parts.byzantine, metrics=bool(s.metrics),
+                      identities=ids, injector=injector, **extra)
+    comm.group_id = comm.group_id or f"{job.run_id}/attempt-{attempt.number}"
+    out = Path(job.run_dir)
+    main = comm.is_main
+    sinks: list[Any] = []
+    wandb_sink = None
+
+    def detect(rec: dict[str, Any]) -> None:
+        append_jsonl(out / "detections.jsonl", {**rec, "attempt": attempt.number, "source": "in-run"})
+
+    try:
+        trainer.check_parameters()  # every rank starts from the same parameters
+        restored = Restored()
+        if store is not None:
+            lineage_extra = {"experiment_changes": attempt.changes} if attempt.changes else None
+            restored = restore(trainer, store, request=attempt.resume, fallback=attempt.fallback or None,
+                               restart=attempt.number, reason=attempt.reason, last_step=attempt.last_step,
+                               extra=lineage_extra)
+            if main and attempt.shrink is not None:
+                store.append_lineage({**attempt.shrink, "step": restored.step, "restart": attempt.number})
+        if main:
+            settle_metrics(out / "metrics.jsonl", restored.step)
+            if restored.checkpoint is not None:
+                reached = attempt.last_step if attempt.last_step is not None else restored.step
+                replay = max(0, min(int(s.steps), reached) - restored.step)
+                log.warning("resumed from step %d (checkpoint %s, verified), replaying %d step(s)",
+                            restored.step, restored.checkpoint, replay)
+        checkpointer = None
+        if store is not None and int(s.checkpoint_every) > 0:
+            roles = {str(r): ("byzantine" if r in job.byzantine_ranks else "honest") for r in range(job.n)}
+            meta = {"run_id": job.run_id, "mode": s.mode, "roles": roles, "fingerprint": job.fingerprint,
+                    "config_hash": _fp_hash(job), "code_revision": job.meta.get("code_revision", ""),
+                    "restart_count": attempt.number, "identities": list(job.identities)}
+            checkpointer = Checkpointer(store, every=int(s.checkpoint_every), meta=meta, injector=injector,
+                                        parent=restored.checkpoint)
+            if restored.checkpoint is not None and restored.step == trainer.step_id:
+                checkpointer.last_saved = restored.step
+        stragglers = StragglerLog(factor=float(s.straggler_factor)) if main else None
+        if main:
+            sinks.append(JsonlSink(out / "metrics.jsonl"))
+            if str(s.logger.get("name", "none")) == "wandb":
+                from .wandb_sink import WandbSink
+
+                wandb_sink = WandbSink(s.logger, job.config, str(out), name=job.name or out.name)
+                sinks.append(wandb_sink)
+        t0 = time.perf_counter()
+        result = fit(trainer, steps=max(0, int(s.steps) - trainer.step_id), evaluate=parts.evaluate if main else None,
+                     eval_every=int(s.eval_every), sinks=sinks, progress=bool(s.progress),
+                     param_check_every=int(s.param_check_every), assumption_violated=job.assumption_violated,
+                     callbacks=list(parts.callbacks), checkpointer=checkpointer, stragglers=stragglers,
+                     on_detect=detect)
+        if not main:
+            return None
+        summary = result.to_dict()
+        summary_from_records(summary, read_jsonl(out / "metrics.jsonl"))
+        summary["steps_this_run"] = trainer.step_id - restored.step
+        summary["steps"] = trainer.step_id
+        summary["run_seconds"] = time.perf_counter() - t0
+        summary.update(dict(job.meta))
+        summary.update({"n": job.n, "f": job.f, "byzantine": len(job.byzantine_ranks),
+                        "byzantine_ranks": list(job.byzantine_ranks), "mode": s.mode, "seed": int(s.seed),
+                        "num_parameters": trainer.num_parameters(), "violations": job.violations,
+                        "run_dir": str(out), "run_id": job.run_id, "n_initial": job.n_initial,
+                        "workers": list(job.identities), "restarts": attempt.number,
+                        "resumed_from": restored.step if restored.checkpoint else None,
+                        "resumed_checkpoint": restored.checkpoint,
+                        "lineage": [] if store is None else store.lineage(),
+                        "faults": {"injected": fired_faults(None if store is None else store.root / FAULT_LOG),
+                                   "detected": read_jsonl(out / "detections.jsonl")},
+                        "straggler": stragglers.report() if stragglers is not None else {},
+                        "checkpoint_dir": None if store is None else str(store.root)})
+        save_model(parts.model, out / "model.safetensors")
+        write_json(out / "summary.json", summary)
+        if wandb_sink is not None:
+            wandb_sink.summary(summary)
+        return summary
+    except BaseException as exc:
+        if wandb_sink is not None:
+            wandb_sink.failed = True
+        if not isinstance(exc, KeyboardInterrupt):
+            try:
+                write_evidence(out / "evidence", trainer, exc, attempt=attempt.number, run_id=job.run_id)
+            except Exception as ev_exc:  # evidence must never hide the failure
+                log.warning("could not write evidence: %s", ev_exc)
+        raise
+    finally:
+        for sink in sinks:
+            sink.close()
+
+
+def _fp_hash(job: Job) -> str:
+    from .identity import fingerprint_hash
+
+    return fingerprint_hash(job.fingerprint)
