@@ -4,9 +4,12 @@ Every fetched file is verified against the SHA-256 digest in :data:`RESOURCES` b
 renamed into place (a partial or tampered download never reaches a reader); archives are then
 extracted member by member, refusing links, devices and paths that leave the target folder.
 
-Digests and sizes (bytes) are those of the published files, cross-checked against two independent
-public records each (TensorFlow Datasets' checksum files; Keras' ``file_hash`` for the CIFAR python
-archives; the Hugging Face datasets server for MNIST).
+Digests and sizes (bytes) are those of the published files as recorded in TensorFlow Datasets'
+checksum files (Keras' ``file_hash`` for the two CIFAR python archives), each cross-checked
+against at least one further independent public download table (e.g. Julia's MLDatasets, the Hugging
+Face datasets server for MNIST). MNIST is fetched from the mirror those digests were recorded on
+first (``storage.googleapis.com/cvdf-datasets``), then from PyTorch's copy; a mirror whose bytes
+differ is skipped.
 
 Where no network exists, :func:`missing_message` says which files to place in which folder.
 """
@@ -46,7 +49,7 @@ class Resource:
     members_under: Optional[str] = None
 
 
-_MNIST = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/")
+_MNIST = ("https://storage.googleapis.com/cvdf-datasets/mnist/", "https://ossci-datasets.s3.amazonaws.com/mnist/")
 _FASHION = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",)
 _KRIZ = "https://www.cs.toronto.edu/~kriz/"
 
