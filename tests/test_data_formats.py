@@ -177,6 +177,14 @@ def test_load_mnist_like_from_the_folders_other_tools_leave(tmp_path, name, fold
                                                             torch.from_numpy(arrays["train-images-idx3-ubyte"]))
 
 
+def test_mnist_and_fashion_side_by_side_each_load_from_their_own_folder(tmp_path):
+    digits = write_mnist(tmp_path / "MNIST" / "raw", n_train=20, n_test=5)
+    clothes = write_mnist(tmp_path / "FashionMNIST" / "raw", n_train=30, n_test=5, gz=False)
+    m, f = load("mnist", tmp_path, as_float=False), load("fashion_mnist", tmp_path, as_float=False)
+    assert torch.equal(m.train_x[:, 0], torch.from_numpy(digits["train-images-idx3-ubyte"]))
+    assert torch.equal(f.train_x[:, 0], torch.from_numpy(clothes["train-images-idx3-ubyte"]))
+
+
 def test_idx_counts_and_label_range_are_checked(tmp_path):
     write_mnist(tmp_path)
     write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.zeros(59, dtype=np.uint8), gz=True)
