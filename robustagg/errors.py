@@ -46,3 +46,18 @@ class CheckpointError(RobustAggError, RuntimeError):
 
 class AssumptionWarning(UserWarning):
     """A rule runs past its requirement because ``strict=False`` was passed (breakdown studies)."""
+
+
+class DataFileError(RobustAggError, ValueError):
+    """A data file is truncated, corrupt, of the wrong format, or refused (an unsafe pickle).
+
+    The message names the file, what was expected (e.g. the byte size its header implies) and what
+    was found.
+    """
+
+
+class MissingDataError(RobustAggError, FileNotFoundError):
+    """A data set's files are not on disk (and could not be downloaded).
+
+    The message lists which files to place in which folder, and where they are published.
+    """

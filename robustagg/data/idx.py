@@ -1,0 +1,101 @@
+"""The IDX file format of MNIST and Fashion-MNIST (``train-images-idx3-ubyte[.gz]`` and friends).
+
+Layout (LeCun, Cortes, Burges, "The MNIST database of handwritten digits", 1998): a 4-byte magic
+number ``0x00 0x00 T k`` (``T`` the element type, ``k`` the number of dimensions), then ``k``
+big-endian unsigned 32-bit sizes, then the ``prod(sizes)`` elements in row-major (C) order,
+big-endian. Types: ``0x08`` uint8, ``0x09`` int8, ``0x0B`` int16, ``0x0C`` int32, ``0x0D`` float32,
+``0x0E`` float64.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..errors import DataFileError
+from ._files import read_bytes
+
+__all__ = ["IDX_TYPES", "read_idx", "parse_idx", "load_idx_pair"]
+
+#: IDX type code -> numpy dtype (big-endian where it matters).
+IDX_TYPES: dict[int, np.dtype] = {
+    0x08: np.dtype(np.uint8), 0x09: np.dtype(np.int8), 0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8"),
+}
+
+
+def parse_idx(data: bytes, *, name: str = "<bytes>", ndim: Optional[int] = None) -> np.ndarray:
+    """Decode the bytes of one IDX file (already decompressed).
+
+    Args:
+        data: the file's content. name: how the messages name the file.
+        ndim: the number of dimensions the caller expects (3 for images, 1 for labels), or ``None``.
+
+    Returns:
+        An array of shape ``sizes`` in the file's element type, native byte order (a copy, writable).
+
+    Raises:
+        DataFileError: bad magic number, unknown type code, a different ``ndim`` than expected,
+            or a size that is not ``4 + 4k + prod(sizes) * itemsize`` bytes (the message gives both).
+
+    Example:
+        >>> parse_idx(bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 8, 9])).tolist()
+        [7, 8, 9]
+    """
+    if len(data) < 4:
+        raise DataFileError(f"{name} is not an IDX file: {len(data)} bytes, shorter than the 4-byte magic number.")
+    zero0, zero1, code, k = data[0], data[1], data[2], data[3]
+    if zero0 != 0 or zero1 != 0 or code not in IDX_TYPES:
+        raise DataFileError(f"{name} is not an IDX file: magic bytes {data[:4].hex()} (expected 0000 then a type "
+                            f"code in {sorted(hex(c) for c in IDX_TYPES)} and the number of dimensions).")
+    if ndim is not None and k != ndim:
+        raise DataFileError(f"{name} holds a {k}-dimensional IDX array; expected {ndim} dimensions "
+                            f"({'images' if ndim == 3 else 'labels' if ndim == 1 else 'array'}).")
+    header = 4 + 4 * k
+    if len(data) < header:
+        raise DataFileError(f"{name} is truncated: {len(data)} bytes, shorter than its {header}-byte header.")
+    sizes = struct.unpack(f">{k}I", data[4:header])
+    dtype = IDX_TYPES[code]
+    count = 1
+    for s in sizes:
+        count *= s
+    expected = header + count * dtype.itemsize
+    if len(data) != expected:
+        what = "truncated" if len(data) < expected else "longer than its header says"
+        raise DataFileError(f"{name} is {what}: {len(data)} bytes, expected {expected} "
+                            f"(header: {k} dimensions {tuple(sizes)} of {dtype.itemsize}-byte elements). "
+                            "Download the file again.")
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=header).reshape(sizes)
+    return arr.astype(dtype.newbyteorder("="), copy=True)
+
+
+def read_idx(path: str | Path, *, ndim: Optional[int] = None) -> np.ndarray:
+    """Read an IDX file, gzipped (recognised by content) or not; see :func:`parse_idx`.
+
+    Raises:
+        MissingDataError: the file does not exist.
+        DataFileError: a corrupt gzip stream, or any of :func:`parse_idx`'s checks.
+    """
+    return parse_idx(read_bytes(path), name=str(path), ndim=ndim)
+
+
+def load_idx_pair(images: str | Path, labels: str | Path, *, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """An images file and its labels file: ``(N, H, W)`` uint8 and ``(N,)`` int64.
+
+    Raises:
+        DataFileError: the images are not 3-d uint8, the labels not 1-d uint8, the counts differ,
+            or a label is outside ``[0, num_classes)``.
+    """
+    x = read_idx(images, ndim=3)
+    y = read_idx(labels, ndim=1)
+    if x.dtype != np.uint8 or y.dtype != np.uint8:
+        raise DataFileError(f"{images} / {labels}: expected uint8 images and labels; got {x.dtype} and {y.dtype}.")
+    if len(x) != len(y):
+        raise DataFileError(f"{images} holds {len(x)} images but {labels} holds {len(y)} labels; "
+                            "the two files must come from the same split.")
+    if len(y) and int(y.max()) >= num_classes:
+        raise DataFileError(f"{labels} holds label {int(y.max())}, outside [0, {num_classes}).")
+    return x, y.astype(np.int64)
