@@ -106,7 +106,10 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
 
         atomic_write(Path(job.run_dir) / "config_resolved.yaml", write)
 
-    summary = launch(plan.job(), on_ready=write_config, quiet=False)
+    job = plan.job()
+    summary = launch(job, on_ready=write_config, quiet=False)
+    if not summary and Path(job.run_dir).resolve() != out.resolve():
+        _discard_hydra_dir(out)  # a torchrun rank's own time-stamped folder: rank 0's is the run's
     if summary:
         summary["total_seconds"] = time.perf_counter() - t0
         if not quiet:
@@ -121,16 +124,20 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
 
 def _discard_rejected_run_dir() -> None:
     """Remove Hydra's run directory of a rejected configuration if Hydra's own files are all it holds."""
-    import shutil
-
     try:
         from hydra.core.hydra_config import HydraConfig
 
         out = Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # pragma: no cover - not under Hydra
         return
+    _discard_hydra_dir(out)
+
+
+def _discard_hydra_dir(out: Path) -> None:
+    """Remove ``out`` (and an emptied date folder above it) if it holds only Hydra's own files."""
+    import shutil
+
     if out.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in out.iterdir()):
-        logging.shutdown()
         shutil.rmtree(out, ignore_errors=True)
         parent = out.parent  # the date folder of outputs/<date>/<time>, if now empty
         if parent.name[:2] == "20" and parent.is_dir() and not any(parent.iterdir()):
