@@ -30,7 +30,6 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -40,7 +39,7 @@ from robustagg.errors import ConfigError
 
 from .report_figures import accuracy_heatmap, kappa_curves, save_figure, tradeoff_scatter, weight_vs_skew
 from .report_load import SweepData, load_sweep, write_atomic
-from .report_tables import across_settings, add_derived, pivot, slug, to_markdown, tradeoff
+from .report_tables import Report, across_settings, add_derived, pivot, slug, to_markdown, tradeoff
 
 __all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
 
@@ -48,24 +47,6 @@ RESULT_COLUMNS = ["run_id", "status", "rule", "attack", "setting", "heterogeneit
                   "byzantine", "final_acc", "best_acc", "worst_class_acc", "final_loss", "run/acc_drop_vs_mean",
                   "run/suppression", "run/integrity", "mean_kappa_hat", "byz_accepted", "steps", "wall_seconds",
                   "reason", "run_dir"]
-
-
-@dataclass
-class Report:
-    """What :func:`build_report` produced.
-
-    Attributes:
-        out_dir: where the files went. results: the per-run table (``results.csv``).
-        tradeoff: per setting and rule (``tradeoff.csv``). settings: the setting labels, in order.
-        files: every file written. markdown: the text of ``report.md``.
-    """
-
-    out_dir: Path
-    results: pd.DataFrame
-    tradeoff: pd.DataFrame
-    settings: list[str]
-    files: list[Path] = field(default_factory=list)
-    markdown: str = ""
 
 
 def write_text(path: Path, text: str) -> Path:

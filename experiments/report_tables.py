@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["RULE_ORDER", "ATTACK_ORDER", "SCORED", "add_derived", "across_settings", "mean_grid", "setting_labels", "tradeoff", "pareto_front",
-           "pivot", "to_markdown", "order", "slug"]
+__all__ = ["Report", "RULE_ORDER", "ATTACK_ORDER", "SCORED", "add_derived", "across_settings", "mean_grid",
+           "setting_labels", "tradeoff", "pareto_front", "pivot", "to_markdown", "order", "slug"]
 
 RULE_ORDER = ("mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "geometric_median",
               "centered_clipping", "nnm>trimmed_mean", "bucketing>coordinate_median", "bucketing>krum", "bulyan")
@@ -235,3 +237,21 @@ def to_markdown(df: pd.DataFrame, *, index: bool = True, floatfmt: str = ".3g") 
         vals = ([cell(idx)] if index else []) + [cell(v) for v in row.tolist()]
         lines.append("| " + " | ".join(vals) + " |")
     return "\n".join(lines)
+
+
+@dataclass
+class Report:
+    """What :func:`build_report` produced.
+
+    Attributes:
+        out_dir: where the files went. results: the per-run table (``results.csv``).
+        tradeoff: per setting and rule (``tradeoff.csv``). settings: the setting labels, in order.
+        files: every file written. markdown: the text of ``report.md``.
+    """
+
+    out_dir: Path
+    results: pd.DataFrame
+    tradeoff: pd.DataFrame
+    settings: list[str]
+    files: list[Path] = field(default_factory=list)
+    markdown: str = ""

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import pandas as pd
 
-from .report_tables import pivot, slug
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .report import Report
+from .report_tables import Report, pivot, slug
 
 __all__ = ["log_report", "sweep_group"]
 
 
-def sweep_group(report: "Report") -> str:
+def sweep_group(report: Report) -> str:
     """The W&B group of the sweep: the runs' ``logger.group`` when they agree on one, else the
     sweep folder's name (``<experiment>/<date_time>`` for the experiments of this repository)."""
     groups = [g for g in report.results.get("group", pd.Series(dtype=object)).dropna().unique() if str(g)]
@@ -41,7 +38,7 @@ def _table(df: pd.DataFrame) -> Any:
     return wandb.Table(dataframe=clean.reset_index(drop=True))
 
 
-def log_report(report: "Report", *, mode: Optional[str] = None, project: Optional[str] = None) -> Optional[str]:
+def log_report(report: Report, *, mode: Optional[str] = None, project: Optional[str] = None) -> Optional[str]:
     """Log ``report``'s tables and PNG figures to a W&B run named ``report``; returns the run's
     folder (``None`` when W&B is disabled). The run is finished even when logging fails."""
     import wandb

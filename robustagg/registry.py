@@ -6,11 +6,12 @@ names. Registering the same name twice is refused.
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+import inspect
+from typing import Any, Callable, Sequence, TypeVar
 
 from .errors import ConfigError
 
-__all__ = ["register", "get", "available", "lookup"]
+__all__ = ["register", "get", "available", "lookup", "build_pipeline"]
 
 _REGISTRY: dict[str, type] = {}
 T = TypeVar("T", bound=type)
@@ -36,8 +37,6 @@ def register(name: str) -> Callable[[T], T]:
 def _same_definition(a: type, b: type) -> bool:
     # The same class statement executed twice (a module imported under two names, as pytest's
     # doctest collection can do) re-registers itself; a different class under a taken name is refused.
-    import inspect
-
     try:
         return a.__qualname__ == b.__qualname__ and inspect.getfile(a) == inspect.getfile(b)
     except TypeError:
@@ -65,17 +64,54 @@ def get(name: str, **params: Any) -> Any:
     """Build the rule or pre-aggregator registered under ``name`` with keyword ``params``.
 
     A name with ``>`` (``"nnm>trimmed_mean"``) builds a :class:`~robustagg.Pipeline`; see
-    :func:`robustagg.preaggregation.build_pipeline` for how parameters are routed.
+    :func:`build_pipeline` for how parameters are routed.
 
     Raises:
         ConfigError: unknown name, or a parameter the class does not take (never silently dropped).
     """
     if ">" in name:
-        from .preaggregation.pipeline import build_pipeline
-
         return build_pipeline(name, **params)
     cls = lookup(name)
     try:
         return cls(**params)
     except TypeError as exc:
         raise ConfigError(f"{name}: {exc}. See help(robustagg.{cls.__name__}) for its parameters.") from None
+
+
+def _build(name: str, params: dict[str, Any], f: int | None, strict: bool | None) -> Any:
+    cls = lookup(name)
+    sig = inspect.signature(cls)
+    kw = dict(params)
+    if f is not None and "f" in sig.parameters:
+        kw["f"] = f
+    if strict is not None and "strict" in sig.parameters:
+        kw["strict"] = strict
+    try:
+        return cls(**kw)
+    except TypeError as exc:
+        raise ConfigError(f"{name}: {exc}. See help(robustagg.{cls.__name__}) for its parameters.") from None
+
+
+def build_pipeline(spec: str, *, f: int | None = None, strict: bool | None = None,
+                   pre_params: Sequence[dict[str, Any]] | None = None, **rule_params: Any) -> Aggregator:
+    """Build ``"nnm>trimmed_mean"``-style specs: maps separated by ``>``, the rule last.
+
+    ``f`` and ``strict`` go to every stage that takes them; ``pre_params[i]`` to the i-th map;
+    other keywords to the rule. A spec without ``>`` builds the rule alone.
+
+    Raises:
+        ConfigError: unknown names, a map in the last position, a rule before it, or bad params.
+    """
+    names = [s.strip() for s in spec.split(">")]
+    pre_params = list(pre_params or [{}] * (len(names) - 1))
+    if len(pre_params) != len(names) - 1:
+        raise ConfigError(f"{spec}: pre_params needs one dict per pre-aggregation map ({len(names) - 1}).")
+    from .aggregators.base import Aggregator
+    from .preaggregation.base import PreAggregator
+    from .preaggregation.pipeline import Pipeline
+
+    pre = [_build(nm, p, f, strict) for nm, p in zip(names[:-1], pre_params)]
+    rule = _build(names[-1], rule_params, f, strict)
+    if any(not isinstance(p, PreAggregator) for p in pre) or not isinstance(rule, Aggregator):
+        raise ConfigError(f"{spec}: expected pre-aggregation maps then one rule, e.g. 'nnm>trimmed_mean'.")
+    return Pipeline(pre=pre, rule=rule) if pre else rule

@@ -95,8 +95,8 @@ def resolve(name: str, root: str | Path) -> tuple[Path, Version]:
 
     Raises:
         ConfigError: unknown ``name``.
-        MissingDataError: no layout is complete; the message says which files to place where
-            (:func:`robustagg.data.download.missing_message`).
+        MissingDataError: no layout is complete (:func:`robustagg.data.load` turns it into the
+            message of :func:`robustagg.data.download.missing_message`: which files to place where).
     """
     check_name(name)
     base = Path(root).expanduser()
@@ -104,6 +104,4 @@ def resolve(name: str, root: str | Path) -> tuple[Path, Version]:
         folder = base / lay.folder if lay.folder else base
         if all(find_file(folder, f, lay.version) is not None for f in lay.files):
             return folder, lay.version
-    from .download import missing_message
-
-    raise MissingDataError(missing_message(name, base))
+    raise MissingDataError(f"data set {name} not found under {base} (none of its folder layouts is complete).")

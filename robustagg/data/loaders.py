@@ -106,10 +106,11 @@ def load(name: str, root: str | Path, *, download: bool = False, as_float: bool 
     try:
         folder, version = resolve(name, root)
     except MissingDataError:
-        if not download:
-            raise
         from .download import download as fetch
+        from .download import missing_message
 
+        if not download:
+            raise MissingDataError(missing_message(name, root)) from None
         fetch(name, root)
         folder, version = resolve(name, root)
     if version == "idx":

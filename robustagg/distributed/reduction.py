@@ -31,6 +31,7 @@ from ..errors import ConfigError, IntegrityError, ShapeError
 from ..integrity import IntegrityReport, checksum, inspect_rows
 from .comm import Communicator
 from .header import Header, check_headers, dtype_code
+from .sharded import AUTO_MIN_D, supports_sharding
 
 __all__ = ["NonFinitePolicy", "Reduced", "Reduction", "register_reduction", "reduction_modes", "make_reduction",
            "frame", "unframe", "TAG_REDUCTION"]
@@ -280,15 +281,12 @@ def make_reduction(mode: str, rule: Aggregator, comm: Communicator, **kwargs: ob
 
     ``mode="auto"`` picks ``"sharded"`` when the rule has a sharded implementation
     (:func:`~robustagg.distributed.sharded.supports_sharding`), else ``"gather"``; sharded then
-    gathers submissions shorter than :data:`~robustagg.distributed.sharded_reduction.AUTO_MIN_D` coordinates.
+    gathers submissions shorter than :data:`~robustagg.distributed.sharded.AUTO_MIN_D` coordinates.
 
     Raises:
         ConfigError: unknown mode (the message lists the registered ones).
     """
     if mode == "auto":
-        from .sharded import supports_sharding
-        from .sharded_reduction import AUTO_MIN_D
-
         if not supports_sharding(rule):
             mode = "gather"
         else:

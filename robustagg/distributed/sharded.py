@@ -52,10 +52,16 @@ from ..functional.weiszfeld import clipping_iterations, weiszfeld_coefficients
 from ..errors import ConfigError, ShapeError
 from ..preaggregation import ARC, NNM, Bucketing, Clipping, Pipeline, PreAggregator
 
-__all__ = ["shard_bounds", "SliceStatistics", "supports_sharding", "aggregate_block", "sharded_aggregate",
+__all__ = ["AUTO_MIN_D", "shard_bounds", "SliceStatistics", "supports_sharding", "aggregate_block", "sharded_aggregate",
            "clear_buffers", "block_shares"]
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
+
+#: ``trainer.reduction=auto`` shards only submissions of at least this many coordinates: below it
+#: the five small collectives of a sharded step cost more than gathering (measured on the 2-core
+#: development machine: a 4.8k-parameter MLP on 10 gloo processes took 0.22 s per step sharded,
+#: 0.10-0.13 s gathered).
+AUTO_MIN_D = 1 << 16
 
 
 def shard_bounds(d: int, world: int) -> list[tuple[int, int]]:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Sequence
 
 import torch
 
 from ..aggregators.base import Aggregator
 from ..errors import ConfigError
-from ..registry import lookup
 from ..requirements import Requirement, enforce
 from .base import PreAggregator
 
-__all__ = ["Pipeline", "build_pipeline"]
+__all__ = ["Pipeline"]
 
 
 class Pipeline(Aggregator):
@@ -128,38 +126,3 @@ class Pipeline(Aggregator):
 
     def __repr__(self) -> str:
         return f"Pipeline(pre={self.pre!r}, rule={self.rule!r})"
-
-
-def _build(name: str, params: dict[str, Any], f: int | None, strict: bool | None) -> Any:
-    cls = lookup(name)
-    sig = inspect.signature(cls)
-    kw = dict(params)
-    if f is not None and "f" in sig.parameters:
-        kw["f"] = f
-    if strict is not None and "strict" in sig.parameters:
-        kw["strict"] = strict
-    try:
-        return cls(**kw)
-    except TypeError as exc:
-        raise ConfigError(f"{name}: {exc}. See help(robustagg.{cls.__name__}) for its parameters.") from None
-
-
-def build_pipeline(spec: str, *, f: int | None = None, strict: bool | None = None,
-                   pre_params: Sequence[dict[str, Any]] | None = None, **rule_params: Any) -> Aggregator:
-    """Build ``"nnm>trimmed_mean"``-style specs: maps separated by ``>``, the rule last.
-
-    ``f`` and ``strict`` go to every stage that takes them; ``pre_params[i]`` to the i-th map;
-    other keywords to the rule. A spec without ``>`` builds the rule alone.
-
-    Raises:
-        ConfigError: unknown names, a map in the last position, a rule before it, or bad params.
-    """
-    names = [s.strip() for s in spec.split(">")]
-    pre_params = list(pre_params or [{}] * (len(names) - 1))
-    if len(pre_params) != len(names) - 1:
-        raise ConfigError(f"{spec}: pre_params needs one dict per pre-aggregation map ({len(names) - 1}).")
-    pre = [_build(nm, p, f, strict) for nm, p in zip(names[:-1], pre_params)]
-    rule = _build(names[-1], rule_params, f, strict)
-    if any(not isinstance(p, PreAggregator) for p in pre) or not isinstance(rule, Aggregator):
-        raise ConfigError(f"{spec}: expected pre-aggregation maps then one rule, e.g. 'nnm>trimmed_mean'.")
-    return Pipeline(pre=pre, rule=rule) if pre else rule

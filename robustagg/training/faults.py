@@ -38,7 +38,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence
 
 import torch
 
@@ -46,8 +46,12 @@ from ..checkpoint import append_jsonl, read_jsonl
 from ..errors import ConfigError
 from .sampler import mix_seed
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import Trainer
+
+
+class _HasComm(Protocol):
+    """What :meth:`FaultInjector.before_announce` needs of a trainer: its communicator."""
+
+    comm: Any
 
 __all__ = ["KINDS", "Fault", "FaultInjector", "fired_faults"]
 
@@ -203,7 +207,7 @@ class FaultInjector:
             if f is not None:
                 self._die(f.how)
 
-    def before_announce(self, trainer: "Trainer", step_id: int) -> int:
+    def before_announce(self, trainer: _HasComm, step_id: int) -> int:
         """``desync`` faults: returns the step id this process announces (``skip`` shifts the counter)."""
         announced = step_id
         for r in sorted(self.worker_ids):
