@@ -31,6 +31,7 @@ ends with parameters and optimizer state bit-for-bit equal to an uninterrupted r
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .faults import FaultInjector
     from .trainer import Trainer
 
-__all__ = ["Checkpointer", "Restored", "restore", "FAULT_LOG", "REPLICATED"]
+__all__ = ["Checkpointer", "Restored", "restore", "FAULT_LOG", "REPLICATED", "IDENTITY"]
 
 #: Name of the fired-faults log in the checkpoint folder.
 FAULT_LOG = "faults.jsonl"
@@ -52,8 +53,49 @@ REPLICATED = "replicated.pt"
 _NONE, _EXPLICIT = -1, -2
 
 
+#: Key of the identity record every file written by :class:`Checkpointer` carries inside it.
+IDENTITY = "identity"
+
+
 def _rank_file(p: int) -> str:
     return f"rank-{p}.pt"
+
+
+def _identity(name: str, step: int, run_id: Any, workers: Optional[list[int]] = None) -> dict[str, Any]:
+    """What a file says about itself: its name, step, run id and the workers it holds (``None``: replicated)."""
+    return {"file": name, "step": int(step), "run_id": run_id, "kind": "replicated" if workers is None else "rank",
+            "workers": None if workers is None else sorted(int(w) for w in workers)}
+
+
+def _identity_problems(part: Any, name: str, manifest: Mapping[str, Any]) -> list[str]:
+    """Why the parsed file ``name`` does not belong to the checkpoint ``manifest`` describes."""
+    where = f"step {manifest.get('step')}/{name}"
+    if not isinstance(part, dict):
+        return [f"{where}: holds a {type(part).__name__}, not a state dict"]
+    ident = part.get(IDENTITY)
+    if not isinstance(ident, dict):
+        return [f"{where}: carries no identity record (not written by this version's Checkpointer)"]
+    problems = []
+    if ident.get("file") != name:
+        problems.append(f"{where}: the file says it is {ident.get('file')!r}")
+    if ident.get("step") != manifest.get("step"):
+        problems.append(f"{where}: the file holds step {ident.get('step')!r}, the manifest says {manifest.get('step')!r}")
+    if ident.get("run_id") != manifest.get("run_id"):
+        problems.append(f"{where}: the file is from run {ident.get('run_id')!r}, the manifest from run "
+                        f"{manifest.get('run_id')!r}")
+    if name == REPLICATED:
+        if ident.get("kind") != "replicated" or part.get("step") != manifest.get("step"):
+            problems.append(f"{where}: not the replicated state of step {manifest.get('step')!r}")
+    else:
+        listed = sorted((manifest.get("hosts") or {}).get(name) or [])
+        workers = part.get("workers")
+        try:
+            held = sorted(int(w) for w in workers) if isinstance(workers, dict) else None
+        except (TypeError, ValueError):
+            held = None
+        if ident.get("kind") != "rank" or ident.get("workers") != listed or held != listed:
+            problems.append(f"{where}: holds workers {held} (says {ident.get('workers')}), the manifest lists {listed}")
+    return problems
 
 
 class Checkpointer:
@@ -116,9 +158,11 @@ class Checkpointer:
         staging = store.staging(step)
         if inj is not None:
             inj.checkpoint_files(step, staging)
+        run_id = self.meta.get("run_id")
+        mine = _rank_file(comm.rank)
         if comm.is_main:
-            save_state(staging / REPLICATED, state["replicated"])
-        save_state(staging / _rank_file(comm.rank), state["local"])
+            save_state(staging / REPLICATED, {**state["replicated"], IDENTITY: _identity(REPLICATED, step, run_id)})
+        save_state(staging / mine, {**state["local"], IDENTITY: _identity(mine, step, run_id, hosts[mine])})
         comm.vote(1, op="checkpoint-files")
         committed: Optional[Checkpoint] = None
         if comm.is_main:
@@ -178,19 +222,31 @@ def _pick(store: CheckpointStore, excluded: set[str], skipped: list[str]) -> Opt
     return None
 
 
-def _load(trainer: "Trainer", ck: Checkpoint) -> None:
+def _read_state(trainer: "Trainer", ck: Checkpoint, names: list[str]) -> dict[str, Any]:
+    """This process's state from ``names`` of ``ck``: each file read once, its digest checked on
+    those bytes, parsed without code execution, and its identity compared with the manifest.
+
+    Raises:
+        CheckpointError: any of that fails (the message says which file and why).
+    """
     worker_ids = [trainer.identities[r] for r in trainer.comm.local_ranks]
-    files = _own_files(ck.manifest, worker_ids)
+    parts = {name: ck.load(name) for name in names}
+    problems = [p for name, part in parts.items() for p in _identity_problems(part, name, ck.manifest)]
+    if problems:
+        raise CheckpointError("; ".join(problems))
     workers: dict[int, Any] = {}
     local: dict[str, Any] = {}
-    for name in files:
-        part = ck.load(name)
+    for name in names:
+        if name == REPLICATED:
+            continue
+        part = parts[name]
         if not local:
-            local = {k: v for k, v in part.items() if k != "workers"}
+            local = {k: v for k, v in part.items() if k not in ("workers", IDENTITY)}
         for wid, w in part["workers"].items():
             if int(wid) in worker_ids:
                 workers[int(wid)] = w
-    trainer.load_state_dict({"replicated": ck.load(REPLICATED), "local": {**local, "workers": workers}})
+    replicated = {k: v for k, v in parts[REPLICATED].items() if k != IDENTITY}
+    return {"replicated": replicated, "local": {**local, "workers": workers}}
 
 
 def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto", fallback: Optional[str] = None,
@@ -225,6 +281,7 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
     explicit = None if request in ("auto", "never") else str(request)
     skipped: list[str] = []
     excluded: set[str] = set()
+    snapshot: Optional[dict[str, Any]] = None
     if main:
         store.clean_staging()
     while True:
@@ -247,29 +304,41 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
             where = Path(explicit)
         else:
             where = store.root / store.name(choice)
+        # Every rank reads, checks and applies its own files *before* the vote, so that any failure
+        # (digest, identity, unpickling refused, a structure that does not fit the trainer) is a
+        # verdict like a hash mismatch: the checkpoint is rejected and the previous one tried.
+        problems, touched, here = [], False, None
         try:
-            manifest = _manifest(where)
-            names = [REPLICATED, *_own_files(manifest, [trainer.identities[r] for r in comm.local_ranks])]
-            problems = store.verify(where, names)
+            problems = store.verify(where, [])  # the manifest alone: paths, format, HMAC, step
+            if not problems:
+                here = Checkpoint(where, store.read_manifest(where))
+                names = [REPLICATED, *_own_files(here.manifest, [trainer.identities[r] for r in comm.local_ranks])]
+                state = _read_state(trainer, here, names)
+                if snapshot is None:
+                    snapshot = copy.deepcopy(trainer.state_dict())
+                touched = True
+                trainer.load_state_dict(state)
         except CheckpointError as exc:
             problems = [str(exc)]
+        except Exception as exc:  # a verified file whose content does not fit: wrong keys, types, shapes
+            problems = [f"{where.name}: its state does not fit this trainer ({type(exc).__name__}: {str(exc)[:300]})"]
         verdicts = comm.vote(0 if problems else 1, op="restore-verify")
-        if all(verdicts):
-            ck = Checkpoint(where, _manifest(where))
-            step = ck.step
+        if all(verdicts) and here is not None:
+            ck, step = here, here.step
             break
+        if touched and snapshot is not None:
+            trainer.load_state_dict(snapshot)  # back to the state it had before this attempt
         bad = [p for p, v in enumerate(verdicts) if not v]
         if choice == _EXPLICIT:
             raise CheckpointError(f"checkpoint {where} does not verify on rank(s) {bad}: "
                                   f"{'; '.join(problems) or 'see those ranks'}")
         if main:
-            skipped.extend(store.verify(where) or [f"{where.name}: rank(s) {bad} could not verify their files"])
+            skipped.extend(problems or [f"{where.name}: rank(s) {bad} refused their files (digest, identity "
+                                        "or content; see their logs)"])
             excluded.add(where.name)
             store.reject(where)
-    if ck is not None:
-        _load(trainer, ck)
     result = Restored(step=step, checkpoint=None if ck is None else ck.path.name, skipped=skipped)
-    if main and (ck is not None or restart > 0):
+    if main and (ck is not None or restart > 0 or skipped):
         if ck is not None and ck.path.parent == store.root:
             store.set_latest(ck.path.name)
         reached = step if last_step is None else max(int(last_step), step)
@@ -282,11 +351,3 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
         result.record = record
     return result
 
-
-def _manifest(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        return dict(json.loads((Path(path) / "manifest.json").read_text()))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{Path(path).name}: unreadable manifest ({exc})") from None
