@@ -6,7 +6,9 @@
     every rank: its own file rank-<p>.pt into ckpt/step-N.tmp/ (rank 0 also replicated.pt);
                 temp name, fsync, rename
     vote "checkpoint-files"                        every rank's files are durable
-    rank 0: manifest.json last (sizes, SHA-256, lineage), rename step-N.tmp -> step-N, LATEST
+    (each file carries an identity record: its name, the step, the run id, the workers it holds)
+    rank 0: manifest.json last (sizes, SHA-256, lineage, HMAC with a key), rename
+            step-N.tmp -> step-N, LATEST
     vote "checkpoint-commit"                       everyone knows step N is committed
 
 **Restore** (:func:`restore`, on every rank before training)::
@@ -14,9 +16,13 @@
     rank 0: remove stale step-*.tmp ; pick the newest checkpoint that verifies (newer ones that
             do not are set aside with the reason) ; propose its step
     vote "restore-choose"                          every rank takes rank 0's proposal
-    every rank: verify its own files (replicated.pt and the file(s) of the workers it hosts)
-    vote "restore-verify"                          all good -> everyone loads; any bad -> rank 0
-                                                   sets it aside and picks the previous one
+    every rank: check the manifest (paths, format, HMAC, step), read its own files once
+                (replicated.pt and the file(s) of the workers it hosts), check their digests on
+                those bytes, parse them (no pickled code), compare their identity with the
+                manifest, and load them into the trainer (its previous state kept aside)
+    vote "restore-verify"                          all good -> done; any bad -> every rank rolls
+                                                   back, rank 0 sets it aside with the reason and
+                                                   picks the previous one
     rank 0: lineage.jsonl record (restored from, steps replayed, restart count, why)
 
 Votes are control-plane collectives (:meth:`~robustagg.distributed.Communicator.vote`): they do not
@@ -187,8 +193,10 @@ class Restored:
     Attributes:
         step: completed steps of the restored state (0: nothing restored, a fresh start).
         checkpoint: the folder name restored from, or ``None``.
-        skipped: why newer candidates were not used (missing file, SHA-256 mismatch, ...).
-        record: the lineage record written (rank 0; ``{}`` elsewhere or when none was written).
+        skipped: why newer candidates were not used (missing file, SHA-256 mismatch, a path
+            outside the folder, a file of another step or run, a file that cannot be loaded, ...).
+        record: the lineage record written (rank 0, when a checkpoint was loaded, this is a
+            restart, or a candidate was skipped; ``{}`` otherwise).
     """
 
     step: int = 0
@@ -271,9 +279,15 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
     Returns:
         a :class:`Restored`.
 
+    Any problem with a checkpoint on any rank (a digest, a path or symlink rule, a file whose
+    identity does not match the manifest, code the unpickler refuses, state that does not fit the
+    trainer, missing state of a hosted worker) rejects it: with ``"auto"`` the previous committed
+    one is tried and the reason lands in ``Restored.skipped`` and the lineage record; the trainer
+    is rolled back to its state before the attempt.
+
     Raises:
-        CheckpointError: an explicit path does not verify on some rank, or the chosen checkpoint
-            lacks the state of a hosted worker.
+        CheckpointError: an explicit path (``request`` or ``fallback``) is rejected on some rank
+            (the message gives this rank's reasons).
         CollectiveError: a rank failed during the protocol.
     """
     comm = trainer.comm
