@@ -257,6 +257,18 @@ def _read_state(trainer: "Trainer", ck: Checkpoint, names: list[str]) -> dict[st
     return {"replicated": replicated, "local": {**local, "workers": workers}}
 
 
+def _diagnose(ck: Checkpoint) -> list[str]:
+    """Rank 0, after another rank refused ``ck``: the problems of every file it lists (read, digest,
+    unpickling, identity), so that the lineage says why."""
+    out: list[str] = []
+    for name in ck.manifest.get("files", {}):
+        try:
+            out.extend(_identity_problems(ck.load(name), name, ck.manifest))
+        except CheckpointError as exc:
+            out.append(str(exc))
+    return out
+
+
 def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto", fallback: Optional[str] = None,
             restart: int = 0, reason: str = "", last_step: Optional[int] = None,
             extra: Optional[Mapping[str, Any]] = None) -> Restored:
@@ -347,8 +359,9 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
             raise CheckpointError(f"checkpoint {where} does not verify on rank(s) {bad}: "
                                   f"{'; '.join(problems) or 'see those ranks'}")
         if main:
-            skipped.extend(problems or [f"{where.name}: rank(s) {bad} refused their files (digest, identity "
-                                        "or content; see their logs)"])
+            # the folder is shared: rank 0 can name what the other ranks refused
+            why = problems or (_diagnose(here) if here is not None else [])
+            skipped.extend(why or [f"{where.name}: rank(s) {bad} refused their files (see their logs)"])
             excluded.add(where.name)
             store.reject(where)
     result = Restored(step=step, checkpoint=None if ck is None else ck.path.name, skipped=skipped)
