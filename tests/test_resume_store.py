@@ -248,7 +248,7 @@ def test_an_edited_manifest_step_is_refused(tmp_path):
     got = restore(t, store)
     assert got.step == 2 and t.step_id == 2
     assert got.skipped == ["step 3/replicated.pt: the file holds step 4, the manifest says 3; "
-                           "step 3/replicated.pt: not the replicated state of step 3; "
+                           "step 3/replicated.pt: the trainer state inside is at step 4; "
                            "step 3/rank-0.pt: the file holds step 4, the manifest says 3"]
 
 

@@ -90,8 +90,10 @@ def _identity_problems(part: Any, name: str, manifest: Mapping[str, Any]) -> lis
         problems.append(f"{where}: the file is from run {ident.get('run_id')!r}, the manifest from run "
                         f"{manifest.get('run_id')!r}")
     if name == REPLICATED:
-        if ident.get("kind") != "replicated" or part.get("step") != manifest.get("step"):
-            problems.append(f"{where}: not the replicated state of step {manifest.get('step')!r}")
+        if ident.get("kind") != "replicated":
+            problems.append(f"{where}: a {ident.get('kind')!r} file, not the replicated state")
+        if part.get("step") != manifest.get("step"):
+            problems.append(f"{where}: the trainer state inside is at step {part.get('step')!r}")
     else:
         listed = sorted((manifest.get("hosts") or {}).get(name) or [])
         workers = part.get("workers")
