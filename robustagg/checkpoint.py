@@ -393,8 +393,8 @@ class CheckpointStore:
 
     def _committed_dirs(self) -> list[Path]:
         # symlinks are candidates too, so that verify refuses them with a reason and restore sets them aside
-        return sorted((p for p in self.root.glob("step-*") if _COMMITTED.match(p.name) and (p.is_dir() or p.is_symlink())),
-                      key=lambda p: p.name, reverse=True)
+        found = (p for p in self.root.glob("step-*") if _COMMITTED.match(p.name) and (p.is_dir() or p.is_symlink()))
+        return sorted(found, key=lambda p: p.name, reverse=True)
 
     def candidates(self) -> list[Path]:
         """Folders that may hold a committed checkpoint, newest first (not yet verified)."""

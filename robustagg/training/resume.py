@@ -85,7 +85,8 @@ def _identity_problems(part: Any, name: str, manifest: Mapping[str, Any]) -> lis
     if ident.get("file") != name:
         problems.append(f"{where}: the file says it is {ident.get('file')!r}")
     if ident.get("step") != manifest.get("step"):
-        problems.append(f"{where}: the file holds step {ident.get('step')!r}, the manifest says {manifest.get('step')!r}")
+        problems.append(f"{where}: the file holds step {ident.get('step')!r}, "
+                        f"the manifest says {manifest.get('step')!r}")
     if ident.get("run_id") != manifest.get("run_id"):
         problems.append(f"{where}: the file is from run {ident.get('run_id')!r}, the manifest from run "
                         f"{manifest.get('run_id')!r}")
