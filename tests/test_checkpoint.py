@@ -94,3 +94,29 @@ def test_lineage_appends(tmp_path):
     store.append_lineage({"restored_from": 4, "replay": [5, 7], "why": "crash"})
     store.append_lineage({"restored_from": 8, "replay": [9, 9], "why": "desync"})
     assert [r["restored_from"] for r in store.lineage()] == [4, 8]
+
+
+def test_check_name_accepts_only_plain_names():
+    from robustagg.checkpoint import check_name
+
+    for ok in ("rank-0.pt", "replicated.pt", "manifest.json", "a", "A_1.b-c"):
+        assert check_name(ok) is None, ok
+    for bad in ("../x.pt", "..", ".", "/etc/passwd", "a/b.pt", "a\\b.pt", ".hidden", "", "x" * 129, "nul\0.pt",
+                "step-1/../../x", 3, None):
+        assert "is not a plain file name inside the checkpoint folder" in check_name(bad), bad
+
+
+def test_commit_refuses_names_with_paths_and_writes_nothing_through_links(tmp_path):
+    store = CheckpointStore(tmp_path / "ck")
+    with pytest.raises(CheckpointError, match=r"cannot commit step 3: '\.\./x\.pt' is not a plain file name"):
+        store.commit(3, {}, ["../x.pt"])
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "ck" / "step-00000005.tmp").symlink_to(victim, target_is_directory=True)  # planted staging link
+    staging = store.staging(5)
+    assert not staging.is_symlink() and staging.is_dir()
+    save_state(staging / "replicated.pt", {"step": 5})
+    (tmp_path / "ck" / ".LATEST.{}.tmp".format(os.getpid())).symlink_to(victim / "latest-target")
+    store.commit(5, {}, ["replicated.pt"])
+    assert list(victim.iterdir()) == []  # nothing was written through either link
+    assert store.latest_name() == "step-00000005" and store.latest()[0].step == 5

@@ -114,6 +114,18 @@ def test_nonfinite_submission_dropped_is_counted_as_detected(tmp_path):
     assert [r["agg/dropped"] for r in rec] == [1 if r["step"] == STEP else 0 for r in rec]
 
 
+@pytest.mark.parametrize("reduction", ["gather", "sharded"])
+def test_dropped_nonfinite_honest_row_is_not_shown_to_the_omniscient_attack(tmp_path, reduction):
+    # ALIE refuses non-finite honest rows ("drop or repair"): it must only see the rows that pass
+    # the integrity check, on the Byzantine rank as on every other (4 gloo processes, rank 3 attacks)
+    s = train(_cfg("threat.n=4", "threat.f=1", "attack=alie", "aggregator=coordinate_median",
+                   f"trainer.reduction={reduction}", "faults=[nonfinite]", f"faults.nonfinite.step={STEP}",
+                   "faults.nonfinite.rank=1", "trainer.on_nonfinite=drop"), out_dir=tmp_path, quiet=True)
+    assert s["steps"] == STEPS and s["dropped_rows"] == 1 and s["byzantine_ranks"] == [3]
+    assert [(d["kind"], d["step"], d["ranks"], d["action"]) for d in s["faults"]["detected"]] == [
+        ("nonfinite", STEP, [1], "dropped")]
+
+
 def test_hang_is_a_straggler_in_the_report(tmp_path):
     s = train(_cfg("faults=[hang]", f"faults.hang.step={STEP}", "faults.hang.seconds=0.6"), out_dir=tmp_path, quiet=True)
     rep = s["straggler"]

@@ -148,6 +148,27 @@ def test_corrupted_committed_checkpoint_is_detected_and_the_previous_one_used(re
     assert sorted(f["id"] for f in s["faults"]["injected"]) == ["checkpoint_corrupt", "crash"]
 
 
+def test_an_older_rank_file_swapped_in_is_refused_by_its_rank_and_everyone_falls_back(reference, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(reference[0], run)  # the uninterrupted run, its last checkpoint taken away
+    root = run / "checkpoints"
+    shutil.rmtree(root / "step-00000012")
+    ck8 = root / "step-00000008"
+    (ck8 / "rank-1.pt").write_bytes((root / "step-00000004" / "rank-1.pt").read_bytes())
+    manifest = json.loads((ck8 / "manifest.json").read_text())  # the digest edited to match: only rank 1
+    manifest["files"]["rank-1.pt"] = {"size": (ck8 / "rank-1.pt").stat().st_size,  # reads that file
+                                      "sha256": sha256_file(ck8 / "rank-1.pt")}
+    (ck8 / "manifest.json").write_text(json.dumps(manifest))
+    s = train(_cfg(), out_dir=run, quiet=True)
+    (rec,) = s["lineage"]
+    assert rec["restored_from"] == 4 and rec["steps_replayed"] == [] and rec["skipped"] == [
+        "step 8/rank-1.pt: the file holds step 4, the manifest says 8"]  # rank 0 names rank 1's reason
+    assert (root / "step-00000008.rejected-1").is_dir()
+    _assert_same_run(run, reference[0])  # rank 0 had loaded step 8 before the vote: it was rolled back
+
+
 # --- simulated mode: the same restore logic in one process (fast) ------------------------------
 SIM = ["trainer.mode=simulated", "attack=ipm"]
 
@@ -175,18 +196,23 @@ class _Evil:
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_restore_never_executes_pickled_code_even_with_a_matching_manifest(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    train(_cfg(*SIM, "trainer.steps=4"), out_dir=tmp_path / "a", quiet=True)
-    ck = tmp_path / "a" / "checkpoints" / "step-00000004"
+    train(_cfg(*SIM, "trainer.steps=8"), out_dir=tmp_path / "a", quiet=True)
+    ck = tmp_path / "a" / "checkpoints" / "step-00000008"
     torch.save({"workers": _Evil()}, ck / "rank-0.pt")  # an attacker who can also rewrite the manifest
     manifest = json.loads((ck / "manifest.json").read_text())
     manifest["files"]["rank-0.pt"] = {"size": (ck / "rank-0.pt").stat().st_size, "sha256": sha256_file(ck / "rank-0.pt")}
     (ck / "manifest.json").write_text(json.dumps(manifest))
     assert CheckpointStore(tmp_path / "a" / "checkpoints").verify(ck) == []  # the hashes match ...
-    with pytest.raises(CheckpointError, match="refusing to load"):
-        train(_cfg(*SIM, "trainer.steps=8"), out_dir=tmp_path / "a", quiet=True)
+    s = train(_cfg(*SIM, "trainer.steps=12"), out_dir=tmp_path / "a", quiet=True)
     assert not (tmp_path / "PWNED_MARKER").exists()  # ... and still nothing was executed
-    with open(ck / "x.pkl", "wb") as fh:  # the plain pickle route is refused as well
+    # ... and the run fell back to the previous verified checkpoint, with the reason in the lineage
+    assert s["resumed_from"] == 4 and s["steps"] == 12
+    (rec,) = s["lineage"]
+    assert rec["restored_from"] == 4 and len(rec["skipped"]) == 1
+    assert rec["skipped"][0].startswith("refusing to load step-00000008/rank-0.pt: UnpicklingError")
+    assert (tmp_path / "a" / "checkpoints" / "step-00000008.rejected-1").is_dir()
+    with open(ck.with_name("x.pkl"), "wb") as fh:  # the plain pickle route is refused as well
         pickle.dump(_Evil(), fh)
     with pytest.raises(CheckpointError, match="refusing to load"):
-        load_state(ck / "x.pkl")
+        load_state(ck.with_name("x.pkl"))
     assert not (tmp_path / "PWNED_MARKER").exists()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 import torch
@@ -98,3 +100,219 @@ def test_in_process_checkpoint_restore_and_fallback_with_reason(tmp_path):
     assert t.optimizer_digest() == ref.optimizer_digest()  # Adam's moments and step counters too
     with pytest.raises(CheckpointError, match="does not verify"):
         restore(_trainer(), store, request=str(store.root / "step-00000006.rejected-1"))
+
+
+# --- the checkpoint folder is untrusted input ------------------------------------------------
+def _run(root, steps=4, key=b"", run_id="run-a"):
+    """A reference trainer after ``steps`` steps and its store (checkpoints every 2 steps)."""
+    ref = _trainer()
+    ck = Checkpointer(CheckpointStore(root, key=key), every=2, meta={"run_id": run_id})
+    for _ in range(steps):
+        ref.step()
+        if ck.due(ref.step_id):
+            ck.save(ref)
+    return ref, ck.store
+
+
+def _edit_manifest(folder, edit):
+    m = json.loads((folder / "manifest.json").read_text())
+    edit(m)
+    (folder / "manifest.json").write_text(json.dumps(m))
+
+
+def _rehash(folder, name, target=None):
+    """Make the manifest's entry ``name`` match the bytes at ``target`` (default: the file itself)."""
+    from robustagg.checkpoint import sha256_file
+
+    where = target if target is not None else folder / name
+    _edit_manifest(folder, lambda m: m["files"].__setitem__(
+        name, {"size": where.stat().st_size, "sha256": sha256_file(where)}))
+
+
+def _falls_back_to_2(store, reason):
+    """restore() skips step 4 with ``reason`` (a regex), loads step 2, and says so in the lineage."""
+    t = _trainer()
+    got = restore(t, store)
+    assert got.step == 2 and got.checkpoint == "step-00000002", got
+    assert got.skipped and re.search(reason, " | ".join(got.skipped)), got.skipped
+    assert store.lineage()[-1]["skipped"] == got.skipped and (store.root / "step-00000004.rejected-1").exists()
+    return t
+
+
+class _OpenSpy:
+    """Records every path opened through open/io.open/os.open while installed."""
+
+    def __init__(self, monkeypatch):
+        import builtins
+        import io
+        import os
+
+        self.paths = []
+        for mod, name in ((builtins, "open"), (io, "open"), (os, "open")):
+            real = getattr(mod, name)
+            monkeypatch.setattr(mod, name, self._wrap(real))
+
+    def _wrap(self, real):
+        def spy(path, *a, **k):
+            if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__"):
+                self.paths.append(str(os.fsdecode(path)))
+            return real(path, *a, **k)
+        return spy
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute"])
+def test_manifest_file_outside_the_folder_is_rejected_never_read(tmp_path, monkeypatch, how):
+    _, store = _run(tmp_path / "ck")
+    ck4 = store.root / "step-00000004"
+    outside = tmp_path / "leak.pt"  # a copy of the real state, with its true digest: only the path is wrong
+    outside.write_bytes((ck4 / "rank-0.pt").read_bytes())
+    name = "../../leak.pt" if how == "dotdot" else str(outside)
+    _rehash(ck4, name, target=outside)
+    _edit_manifest(ck4, lambda m: m["hosts"].__setitem__(name, [0, 1, 2]))
+    spy = _OpenSpy(monkeypatch)
+    _falls_back_to_2(store, re.escape(f"manifest file {name!r} is not a plain file name inside the checkpoint"))
+    assert not any(p.endswith("leak.pt") for p in spy.paths), spy.paths  # neither hashed nor loaded
+
+
+def test_hosts_entry_pointing_out_is_rejected(tmp_path, monkeypatch):
+    _, store = _run(tmp_path / "ck")
+    ck4 = store.root / "step-00000004"
+    outside = tmp_path / "state.pt"
+    outside.write_bytes((ck4 / "rank-0.pt").read_bytes())
+    _edit_manifest(ck4, lambda m: m.__setitem__("hosts", {str(outside): [0, 1, 2]}))  # files untouched
+    spy = _OpenSpy(monkeypatch)
+    _falls_back_to_2(store, re.escape(f"manifest hosts entry {str(outside)!r} is not a plain file name"))
+    assert not any(p.endswith("state.pt") for p in spy.paths), spy.paths
+    # a plain name that the manifest does not list is refused too (hosts must name listed files)
+    _, store = _run(tmp_path / "ck2")
+    _edit_manifest(store.root / "step-00000004", lambda m: m.__setitem__("hosts", {"rank-7.pt": [0, 1, 2]}))
+    _falls_back_to_2(store, r"hosts names 'rank-7.pt', which the manifest does not list")
+
+
+def test_symlinked_file_is_rejected(tmp_path):
+    _, store = _run(tmp_path / "ck")
+    ck4 = store.root / "step-00000004"
+    outside = tmp_path / "elsewhere.pt"
+    outside.write_bytes((ck4 / "rank-0.pt").read_bytes())  # the same bytes: the digest still matches
+    (ck4 / "rank-0.pt").unlink()
+    (ck4 / "rank-0.pt").symlink_to(outside)
+    assert store.verify(ck4) == ["step-00000004/rank-0.pt: is a symbolic link (refused: only regular files "
+                                 "inside the folder are read)"]
+    _falls_back_to_2(store, r"rank-0.pt: is a symbolic link")
+    assert outside.read_bytes() == (store.root / "step-00000004.rejected-1" / "rank-0.pt").read_bytes()
+
+
+def test_symlinked_step_folder_and_latest_target_are_rejected(tmp_path):
+    import shutil
+
+    _, store = _run(tmp_path / "ck")
+    real = tmp_path / "elsewhere"
+    shutil.move(str(store.root / "step-00000004"), real)  # a valid checkpoint, moved out ...
+    (store.root / "step-00000004").symlink_to(real, target_is_directory=True)  # ... and linked back in
+    assert store.latest_name() is None  # LATEST names step-00000004, a link: not trusted
+    _falls_back_to_2(store, r"step-00000004: the step folder is a symbolic link")
+    assert real.is_dir() and (real / "manifest.json").is_file()  # the link was set aside, its target untouched
+    assert store.latest_name() == "step-00000002"
+
+
+def test_an_older_rank_file_with_a_matching_digest_is_refused(tmp_path):
+    _, store = _run(tmp_path / "ck")
+    ck2, ck4 = store.root / "step-00000002", store.root / "step-00000004"
+    (ck4 / "rank-0.pt").write_bytes((ck2 / "rank-0.pt").read_bytes())  # step 2's worker state, swapped in
+    _rehash(ck4, "rank-0.pt")  # ... with the manifest's digest edited to match
+    assert store.verify(ck4) == []  # the digests alone cannot tell
+    _falls_back_to_2(store, r"step 4/rank-0.pt: the file holds step 2, the manifest says 4")
+
+
+def test_a_rank_file_of_another_run_is_refused(tmp_path):
+    _, store = _run(tmp_path / "ck", run_id="run-a")
+    _, other = _run(tmp_path / "other", run_id="run-b")
+    ck4 = store.root / "step-00000004"
+    (ck4 / "rank-0.pt").write_bytes((other.root / "step-00000004" / "rank-0.pt").read_bytes())
+    _rehash(ck4, "rank-0.pt")
+    _falls_back_to_2(store, r"rank-0.pt: the file is from run 'run-b', the manifest from run 'run-a'")
+
+
+def test_an_edited_manifest_step_is_refused(tmp_path):
+    _, store = _run(tmp_path / "ck")
+    ck4 = store.root / "step-00000004"
+    _edit_manifest(ck4, lambda m: m.__setitem__("step", 3))
+    assert store.verify(ck4) == ["step-00000004: the manifest says step 3, the folder name says 4"]
+    _falls_back_to_2(store, r"the manifest says step 3, the folder name says 4")
+    # the folder renamed to match: the files themselves still say step 4
+    _, store = _run(tmp_path / "ck2")
+    ck4 = store.root / "step-00000004"
+    _edit_manifest(ck4, lambda m: m.__setitem__("step", 3))
+    ck4.rename(store.root / "step-00000003")
+    t = _trainer()
+    got = restore(t, store)
+    assert got.step == 2 and t.step_id == 2
+    assert got.skipped == ["step 3/replicated.pt: the file holds step 4, the manifest says 3; "
+                           "step 3/replicated.pt: the trainer state inside is at step 4; "
+                           "step 3/rank-0.pt: the file holds step 4, the manifest says 3"]
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED_MARKER",))
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_a_forged_digest_on_a_pickle_payload_falls_back_to_the_previous_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ref, store = _run(tmp_path / "ck", steps=6)
+    ck6 = store.root / "step-00000006"
+    torch.save({"workers": _Evil()}, ck6 / "rank-0.pt")  # needs code to unpickle
+    _rehash(ck6, "rank-0.pt")
+    t = _trainer()
+    got = restore(t, store, restart=1, reason="test")
+    assert not (tmp_path / "PWNED_MARKER").exists()
+    assert got.step == 4 and len(got.skipped) == 1
+    assert got.skipped[0].startswith("refusing to load step-00000006/rank-0.pt: UnpicklingError")
+    assert store.lineage()[-1]["skipped"] == got.skipped and store.lineage()[-1]["restored_from"] == 4
+    t.step()
+    t.step()
+    assert all(torch.equal(p, q) for p, q in zip(t.model.parameters(), ref.model.parameters()))
+
+
+def test_verified_state_that_does_not_fit_is_rolled_back_and_the_previous_checkpoint_used(tmp_path):
+    ref, store = _run(tmp_path / "ck", steps=6)
+    ck6 = store.root / "step-00000006"
+    rep = torch.load(ck6 / "replicated.pt", weights_only=True)
+    rep["optimizer"] = {"state": "garbage"}  # the model loads first, then this fails: a partial load
+    save_state(ck6 / "replicated.pt", rep)
+    _rehash(ck6, "replicated.pt")
+    t = _trainer()
+    got = restore(t, store)
+    assert got.step == 4 and len(got.skipped) == 1
+    assert got.skipped[0].startswith("step-00000006: its state does not fit this trainer (")
+    t.step()
+    t.step()  # the half-applied step-6 state is gone: replaying from 4 reproduces the reference
+    assert all(torch.equal(p, q) for p, q in zip(t.model.parameters(), ref.model.parameters()))
+    assert t.optimizer_digest() == ref.optimizer_digest()
+
+
+def test_hmac_authenticates_the_manifest(tmp_path, monkeypatch):
+    from robustagg.checkpoint import KEY_ENV, manifest_mac
+
+    ref, store = _run(tmp_path / "ck", key=b"secret")
+    ck2, ck4 = store.root / "step-00000002", store.root / "step-00000004"
+    m = json.loads((ck4 / "manifest.json").read_text())
+    assert m["hmac"] == manifest_mac(m, b"secret") and len(m["hmac"]) == 64
+    assert store.verify(ck4) == []
+    assert CheckpointStore(store.root, key=b"other").verify(ck4) == [
+        "step-00000004: manifest HMAC mismatch (edited, or signed with another key)"]
+    # an edit that keeps every digest consistent (what defeats the digests alone) breaks the HMAC
+    (ck4 / "rank-0.pt").write_bytes((ck2 / "rank-0.pt").read_bytes())
+    _rehash(ck4, "rank-0.pt")
+    assert CheckpointStore(store.root, key=b"").verify(ck4) == []  # without the key: undetected here
+    _falls_back_to_2(store, r"^step-00000004: manifest HMAC mismatch")
+    # a store with a key refuses unsigned manifests; the key can come from the environment
+    _, plain = _run(tmp_path / "plain", key=b"")
+    monkeypatch.setenv(KEY_ENV, "secret")
+    keyed = CheckpointStore(plain.root)
+    assert keyed.key == b"secret" and CheckpointStore(plain.root, key=b"").key is None
+    assert keyed.verify(plain.root / "step-00000004") == [
+        "step-00000004: the manifest has no HMAC, and this store has a key (written without it, or forged)"]
+    with pytest.raises(CheckpointError, match="key must be bytes"):
+        CheckpointStore(plain.root, key="secret")

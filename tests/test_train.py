@@ -236,3 +236,51 @@ def test_the_library_never_imports_attacks_or_experiments():
             text = path.read_text()
             assert "import attacks" not in text and "from attacks" not in text, path
             assert "import experiments" not in text and "from experiments" not in text, path
+
+
+@pytest.mark.parametrize("mode", ["gather", "sharded"])
+def test_drop_policy_filters_nonfinite_honest_rows_before_the_omniscient_attack_sees_them(mode):
+    """Honest worker 1's batch holds a NaN input, so its gradient is NaN. With ``on_nonfinite=drop``
+    the attack (which, like ALIE, refuses non-finite input) must see only honest workers 0 and 2."""
+    from robustagg._tensor import check_finite
+
+    seen = []
+
+    def alie_like(honest, b, own, gen):
+        check_finite(honest, "honest")  # what a statistics-based attack does with a NaN row
+        seen.append(honest.clone())
+        return (honest.mean(dim=0) - honest.std(dim=0, unbiased=False)).repeat(b, 1)
+
+    def build(policy):
+        t = _trainer(ByzantineBehaviour(ranks=[3], gradient_fn=alie_like))
+        t.reduction = make_reduction(mode, ra.CoordinateWiseMedian(f=1), t.comm, on_nonfinite=policy)
+        t.shards[1].x[:] = float("nan")
+        return t
+
+    t = build("drop")
+    out = t.step()
+    assert out.reduced.dropped == [1] and out.reduced.kept == [0, 2, 3]
+    (honest,) = seen
+    assert honest.shape[0] == 2 and torch.isfinite(honest).all()
+    assert torch.equal(honest, out.reduced.matrix[[0, 2]])  # exactly the kept honest rows, in rank order
+    assert torch.equal(out.reduced.matrix[3], honest.mean(dim=0) - honest.std(dim=0, unbiased=False))
+    assert t.reduction.faults == [(0, 1)]  # counted once, by the reduction
+    # abort: every rank stops with the integrity layer's error, before the attack runs
+    seen.clear()
+    with pytest.raises(ra.errors.NonFiniteInputError, match=r"step 0: submissions of rank\(s\) \[1\] hold NaN"):
+        build("abort").step()
+    assert seen == []
+
+
+def test_finite_rows_applies_the_policy_to_the_listed_rows_only():
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1.0, 2.0], [nan, 0.0], [3.0, inf], [4.0, 5.0]])
+    drop = make_reduction("gather", ra.CoordinateWiseMedian(f=1), LocalComm(4), on_nonfinite="drop")
+    assert drop.finite_rows(x, [0, 1, 2], step=5) == [0] and drop.finite_rows(x, [0, 3], step=5) == [0, 3]
+    assert drop.faults == []  # counted by reduce, not here
+    with pytest.raises(ra.errors.IntegrityError, match=r"step 5: every checked submission \(rank\(s\) \[1, 2\]\)"):
+        drop.finite_rows(x, [1, 2], step=5)
+    abort = make_reduction("gather", ra.CoordinateWiseMedian(f=1), LocalComm(4))
+    assert abort.finite_rows(x, [0, 3], step=5) == [0, 3]
+    with pytest.raises(ra.errors.NonFiniteInputError, match=r"step 5: submissions of rank\(s\) \[1, 2\] hold NaN"):
+        abort.finite_rows(x, [0, 1, 2, 3], step=5)

@@ -27,7 +27,7 @@ from typing import Callable, ClassVar, Mapping, Optional, TypeVar
 import torch
 
 from ..aggregators.base import Aggregator
-from ..errors import ConfigError, IntegrityError, ShapeError
+from ..errors import ConfigError, IntegrityError, NonFiniteInputError, ShapeError
 from ..integrity import IntegrityReport, checksum, inspect_rows
 from .comm import Communicator
 from .header import Header, check_headers, dtype_code
@@ -214,6 +214,39 @@ class Reduction(abc.ABC):
         if bad:
             raise IntegrityError(f"step {step}: shared rows of rank(s) {bad} do not match their checksums.")
         return x
+
+    def finite_rows(self, x: torch.Tensor, rows: list[int], *, step: int) -> list[int]:
+        """Apply :attr:`on_nonfinite` to ``rows`` of ``x`` *before* anyone reads their values.
+
+        The trainer calls it on the rows :meth:`share` returned, so an omniscient attack sees
+        exactly the honest rows the rule will see: ``x`` is identical on every rank (an
+        all-gather), so every rank keeps the same rows. The dropped rows are not counted in
+        :attr:`faults` here: :meth:`reduce` counts them when they arrive again.
+
+        Args:
+            x: ``(n, d)`` the shared submissions (any floating dtype); not modified.
+            rows: the row indices to check (e.g. the honest ranks), ascending.
+            step: the step id (for the messages).
+
+        Returns:
+            the finite ones of ``rows``, in the given order (every one under ``DROP`` when all are
+            finite; ``rows`` itself under ``ABORT``, which raises otherwise).
+
+        Raises:
+            NonFiniteInputError: a listed row holds NaN or inf under ``ABORT`` (the same error
+                :meth:`reduce` would raise at this step).
+            IntegrityError: under ``DROP``, every listed row is non-finite.
+        """
+        bad = [i for i in rows if not bool(torch.isfinite(x[i]).all())]
+        if not bad:
+            return list(rows)
+        if self.on_nonfinite is NonFinitePolicy.ABORT:
+            raise NonFiniteInputError(f"step {step}: submissions of rank(s) {bad} hold NaN or inf. Set "
+                                      "on_nonfinite='drop' to leave such rows out and count them as faults.")
+        kept = [i for i in rows if i not in bad]
+        if not kept:
+            raise IntegrityError(f"step {step}: every checked submission (rank(s) {bad}) is non-finite.")
+        return kept
 
     @abc.abstractmethod
     def reduce(self, rows: Mapping[int, torch.Tensor], *, step: int,

@@ -25,7 +25,10 @@ class GradientAttack(Protocol):
     The call's arguments:
 
     - ``honest``: ``(h, d)`` the honest workers' submissions of this step, in rank order (an
-      attack whose knowledge model excludes them must only read their shape and dtype).
+      attack whose knowledge model excludes them must only read their shape and dtype). They have
+      passed the reduction's non-finite policy first: under ``on_nonfinite=drop`` a NaN/inf honest
+      row is left out (``h`` is then smaller than ``n - num_byzantine``), exactly as the rule will
+      not see it; under ``abort`` the step stops before the attack is called.
     - ``num_byzantine``: number of rows to craft.
     - ``own``: ``(num_byzantine, d)`` the Byzantine workers' own honestly computed submissions
       (``None`` when the behaviour declares ``needs_exchange=False``).

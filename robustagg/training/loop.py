@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
+import torch
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from .evidence import StragglerLog
@@ -166,7 +167,10 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
         if not out.byzantine:
             rec.pop("agg/byz_accepted", None)
     elif red.matrix is None and hasattr(red, "metrics_for") and bool(mask.any()):
-        rec.update(red.metrics_for(mask))  # sharded mode: from all-reduced moments, no row shares
+        # sharded mode: from all-reduced moments, no row shares; metrics_for takes the (n,) mask
+        # over every worker (it picks the kept rows itself), not honest_mask()'s (len(kept),) one
+        every = torch.tensor([r not in out.byzantine for r in range(len(red.headers))], dtype=torch.bool)
+        rec.update(red.metrics_for(every))
     return rec
 
 

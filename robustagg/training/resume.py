@@ -6,7 +6,9 @@
     every rank: its own file rank-<p>.pt into ckpt/step-N.tmp/ (rank 0 also replicated.pt);
                 temp name, fsync, rename
     vote "checkpoint-files"                        every rank's files are durable
-    rank 0: manifest.json last (sizes, SHA-256, lineage), rename step-N.tmp -> step-N, LATEST
+    (each file carries an identity record: its name, the step, the run id, the workers it holds)
+    rank 0: manifest.json last (sizes, SHA-256, lineage, HMAC with a key), rename
+            step-N.tmp -> step-N, LATEST
     vote "checkpoint-commit"                       everyone knows step N is committed
 
 **Restore** (:func:`restore`, on every rank before training)::
@@ -14,9 +16,13 @@
     rank 0: remove stale step-*.tmp ; pick the newest checkpoint that verifies (newer ones that
             do not are set aside with the reason) ; propose its step
     vote "restore-choose"                          every rank takes rank 0's proposal
-    every rank: verify its own files (replicated.pt and the file(s) of the workers it hosts)
-    vote "restore-verify"                          all good -> everyone loads; any bad -> rank 0
-                                                   sets it aside and picks the previous one
+    every rank: check the manifest (paths, format, HMAC, step), read its own files once
+                (replicated.pt and the file(s) of the workers it hosts), check their digests on
+                those bytes, parse them (no pickled code), compare their identity with the
+                manifest, and load them into the trainer (its previous state kept aside)
+    vote "restore-verify"                          all good -> done; any bad -> every rank rolls
+                                                   back, rank 0 sets it aside with the reason and
+                                                   picks the previous one
     rank 0: lineage.jsonl record (restored from, steps replayed, restart count, why)
 
 Votes are control-plane collectives (:meth:`~robustagg.distributed.Communicator.vote`): they do not
@@ -31,6 +37,7 @@ ends with parameters and optimizer state bit-for-bit equal to an uninterrupted r
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .faults import FaultInjector
     from .trainer import Trainer
 
-__all__ = ["Checkpointer", "Restored", "restore", "FAULT_LOG", "REPLICATED"]
+__all__ = ["Checkpointer", "Restored", "restore", "FAULT_LOG", "REPLICATED", "IDENTITY"]
 
 #: Name of the fired-faults log in the checkpoint folder.
 FAULT_LOG = "faults.jsonl"
@@ -52,8 +59,52 @@ REPLICATED = "replicated.pt"
 _NONE, _EXPLICIT = -1, -2
 
 
+#: Key of the identity record every file written by :class:`Checkpointer` carries inside it.
+IDENTITY = "identity"
+
+
 def _rank_file(p: int) -> str:
     return f"rank-{p}.pt"
+
+
+def _identity(name: str, step: int, run_id: Any, workers: Optional[list[int]] = None) -> dict[str, Any]:
+    """What a file says about itself: its name, step, run id and the workers it holds (``None``: replicated)."""
+    return {"file": name, "step": int(step), "run_id": run_id, "kind": "replicated" if workers is None else "rank",
+            "workers": None if workers is None else sorted(int(w) for w in workers)}
+
+
+def _identity_problems(part: Any, name: str, manifest: Mapping[str, Any]) -> list[str]:
+    """Why the parsed file ``name`` does not belong to the checkpoint ``manifest`` describes."""
+    where = f"step {manifest.get('step')}/{name}"
+    if not isinstance(part, dict):
+        return [f"{where}: holds a {type(part).__name__}, not a state dict"]
+    ident = part.get(IDENTITY)
+    if not isinstance(ident, dict):
+        return [f"{where}: carries no identity record (not written by this version's Checkpointer)"]
+    problems = []
+    if ident.get("file") != name:
+        problems.append(f"{where}: the file says it is {ident.get('file')!r}")
+    if ident.get("step") != manifest.get("step"):
+        problems.append(f"{where}: the file holds step {ident.get('step')!r}, "
+                        f"the manifest says {manifest.get('step')!r}")
+    if ident.get("run_id") != manifest.get("run_id"):
+        problems.append(f"{where}: the file is from run {ident.get('run_id')!r}, the manifest from run "
+                        f"{manifest.get('run_id')!r}")
+    if name == REPLICATED:
+        if ident.get("kind") != "replicated":
+            problems.append(f"{where}: a {ident.get('kind')!r} file, not the replicated state")
+        if part.get("step") != manifest.get("step"):
+            problems.append(f"{where}: the trainer state inside is at step {part.get('step')!r}")
+    else:
+        listed = sorted((manifest.get("hosts") or {}).get(name) or [])
+        workers = part.get("workers")
+        try:
+            held = sorted(int(w) for w in workers) if isinstance(workers, dict) else None
+        except (TypeError, ValueError):
+            held = None
+        if ident.get("kind") != "rank" or ident.get("workers") != listed or held != listed:
+            problems.append(f"{where}: holds workers {held} (says {ident.get('workers')}), the manifest lists {listed}")
+    return problems
 
 
 class Checkpointer:
@@ -116,9 +167,11 @@ class Checkpointer:
         staging = store.staging(step)
         if inj is not None:
             inj.checkpoint_files(step, staging)
+        run_id = self.meta.get("run_id")
+        mine = _rank_file(comm.rank)
         if comm.is_main:
-            save_state(staging / REPLICATED, state["replicated"])
-        save_state(staging / _rank_file(comm.rank), state["local"])
+            save_state(staging / REPLICATED, {**state["replicated"], IDENTITY: _identity(REPLICATED, step, run_id)})
+        save_state(staging / mine, {**state["local"], IDENTITY: _identity(mine, step, run_id, hosts[mine])})
         comm.vote(1, op="checkpoint-files")
         committed: Optional[Checkpoint] = None
         if comm.is_main:
@@ -143,8 +196,10 @@ class Restored:
     Attributes:
         step: completed steps of the restored state (0: nothing restored, a fresh start).
         checkpoint: the folder name restored from, or ``None``.
-        skipped: why newer candidates were not used (missing file, SHA-256 mismatch, ...).
-        record: the lineage record written (rank 0; ``{}`` elsewhere or when none was written).
+        skipped: why newer candidates were not used (missing file, SHA-256 mismatch, a path
+            outside the folder, a file of another step or run, a file that cannot be loaded, ...).
+        record: the lineage record written (rank 0, when a checkpoint was loaded, this is a
+            restart, or a candidate was skipped; ``{}`` otherwise).
     """
 
     step: int = 0
@@ -178,19 +233,43 @@ def _pick(store: CheckpointStore, excluded: set[str], skipped: list[str]) -> Opt
     return None
 
 
-def _load(trainer: "Trainer", ck: Checkpoint) -> None:
+def _read_state(trainer: "Trainer", ck: Checkpoint, names: list[str]) -> dict[str, Any]:
+    """This process's state from ``names`` of ``ck``: each file read once, its digest checked on
+    those bytes, parsed without code execution, and its identity compared with the manifest.
+
+    Raises:
+        CheckpointError: any of that fails (the message says which file and why).
+    """
     worker_ids = [trainer.identities[r] for r in trainer.comm.local_ranks]
-    files = _own_files(ck.manifest, worker_ids)
+    parts = {name: ck.load(name) for name in names}
+    problems = [p for name, part in parts.items() for p in _identity_problems(part, name, ck.manifest)]
+    if problems:
+        raise CheckpointError("; ".join(problems))
     workers: dict[int, Any] = {}
     local: dict[str, Any] = {}
-    for name in files:
-        part = ck.load(name)
+    for name in names:
+        if name == REPLICATED:
+            continue
+        part = parts[name]
         if not local:
-            local = {k: v for k, v in part.items() if k != "workers"}
+            local = {k: v for k, v in part.items() if k not in ("workers", IDENTITY)}
         for wid, w in part["workers"].items():
             if int(wid) in worker_ids:
                 workers[int(wid)] = w
-    trainer.load_state_dict({"replicated": ck.load(REPLICATED), "local": {**local, "workers": workers}})
+    replicated = {k: v for k, v in parts[REPLICATED].items() if k != IDENTITY}
+    return {"replicated": replicated, "local": {**local, "workers": workers}}
+
+
+def _diagnose(ck: Checkpoint) -> list[str]:
+    """Rank 0, after another rank refused ``ck``: the problems of every file it lists (read, digest,
+    unpickling, identity), so that the lineage says why."""
+    out: list[str] = []
+    for name in ck.manifest.get("files", {}):
+        try:
+            out.extend(_identity_problems(ck.load(name), name, ck.manifest))
+        except CheckpointError as exc:
+            out.append(str(exc))
+    return out
 
 
 def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto", fallback: Optional[str] = None,
@@ -215,9 +294,15 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
     Returns:
         a :class:`Restored`.
 
+    Any problem with a checkpoint on any rank (a digest, a path or symlink rule, a file whose
+    identity does not match the manifest, code the unpickler refuses, state that does not fit the
+    trainer, missing state of a hosted worker) rejects it: with ``"auto"`` the previous committed
+    one is tried and the reason lands in ``Restored.skipped`` and the lineage record; the trainer
+    is rolled back to its state before the attempt.
+
     Raises:
-        CheckpointError: an explicit path does not verify on some rank, or the chosen checkpoint
-            lacks the state of a hosted worker.
+        CheckpointError: an explicit path (``request`` or ``fallback``) is rejected on some rank
+            (the message gives this rank's reasons).
         CollectiveError: a rank failed during the protocol.
     """
     comm = trainer.comm
@@ -225,6 +310,7 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
     explicit = None if request in ("auto", "never") else str(request)
     skipped: list[str] = []
     excluded: set[str] = set()
+    snapshot: Optional[dict[str, Any]] = None
     if main:
         store.clean_staging()
     while True:
@@ -247,29 +333,42 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
             where = Path(explicit)
         else:
             where = store.root / store.name(choice)
+        # Every rank reads, checks and applies its own files *before* the vote, so that any failure
+        # (digest, identity, unpickling refused, a structure that does not fit the trainer) is a
+        # verdict like a hash mismatch: the checkpoint is rejected and the previous one tried.
+        problems, touched, here = [], False, None
         try:
-            manifest = _manifest(where)
-            names = [REPLICATED, *_own_files(manifest, [trainer.identities[r] for r in comm.local_ranks])]
-            problems = store.verify(where, names)
+            problems = store.verify(where, [])  # the manifest alone: paths, format, HMAC, step
+            if not problems:
+                here = Checkpoint(where, store.read_manifest(where))
+                names = [REPLICATED, *_own_files(here.manifest, [trainer.identities[r] for r in comm.local_ranks])]
+                state = _read_state(trainer, here, names)
+                if snapshot is None:
+                    snapshot = copy.deepcopy(trainer.state_dict())
+                touched = True
+                trainer.load_state_dict(state)
         except CheckpointError as exc:
             problems = [str(exc)]
+        except Exception as exc:  # a verified file whose content does not fit: wrong keys, types, shapes
+            problems = [f"{where.name}: its state does not fit this trainer ({type(exc).__name__}: {str(exc)[:300]})"]
         verdicts = comm.vote(0 if problems else 1, op="restore-verify")
-        if all(verdicts):
-            ck = Checkpoint(where, _manifest(where))
-            step = ck.step
+        if all(verdicts) and here is not None:
+            ck, step = here, here.step
             break
+        if touched and snapshot is not None:
+            trainer.load_state_dict(snapshot)  # back to the state it had before this attempt
         bad = [p for p, v in enumerate(verdicts) if not v]
         if choice == _EXPLICIT:
             raise CheckpointError(f"checkpoint {where} does not verify on rank(s) {bad}: "
                                   f"{'; '.join(problems) or 'see those ranks'}")
         if main:
-            skipped.extend(store.verify(where) or [f"{where.name}: rank(s) {bad} could not verify their files"])
+            # the folder is shared: rank 0 can name what the other ranks refused
+            why = problems or (_diagnose(here) if here is not None else [])
+            skipped.extend(why or [f"{where.name}: rank(s) {bad} refused their files (see their logs)"])
             excluded.add(where.name)
             store.reject(where)
-    if ck is not None:
-        _load(trainer, ck)
     result = Restored(step=step, checkpoint=None if ck is None else ck.path.name, skipped=skipped)
-    if main and (ck is not None or restart > 0):
+    if main and (ck is not None or restart > 0 or skipped):
         if ck is not None and ck.path.parent == store.root:
             store.set_latest(ck.path.name)
         reached = step if last_step is None else max(int(last_step), step)
@@ -282,11 +381,3 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
         result.record = record
     return result
 
-
-def _manifest(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        return dict(json.loads((Path(path) / "manifest.json").read_text()))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{Path(path).name}: unreadable manifest ({exc})") from None

@@ -11,7 +11,9 @@ Step (every process)::
                                 over the whole model ; worker momentum m_r <- b m_r + (1 - b) g_r
     announce: header exchange (step, collective number, d, dtype, previous aggregate digest)
     if a gradient attack is active: all-gather every g (omniscient attackers see this step's
-                                honest submissions) ; Byzantine workers replace theirs
+                                honest submissions, after the non-finite policy: under drop only
+                                the finite ones, under abort every rank stops) ; Byzantine
+                                workers replace theirs
     reduce: submissions framed with their checksums, integrity, rule -> aggregate
     p.grad <- aggregate ; optimizer.step() ; scheduler.step() ; step += 1
 
@@ -233,6 +235,8 @@ class Trainer:
 
         Raises:
             ShapeError: the injected attack returned the wrong shape.
+            NonFiniteInputError: an honest submission holds NaN or inf under ``on_nonfinite=abort``
+                (raised before an omniscient attack sees it, on every rank).
             DesyncError: and whatever else :meth:`Reduction.reduce` raises (integrity, requirement,
                 timeout).
         """
@@ -276,6 +280,9 @@ class Trainer:
             mine = [r for r in self.comm.local_ranks if r in byz_ranks]
             if byz.needs_exchange:
                 full = self.reduction.share(subs, step=step)
+                # integrity before the attack: under drop it sees only the honest rows the rule will
+                # see (the same on every rank); under abort every rank stops here, as reduce would
+                honest = self.reduction.finite_rows(full, honest, step=step)
                 honest_rows, own = full[honest], full[list(byz_ranks)]
             else:  # the attack reads only the shapes: no exchange (see ByzantineBehaviour)
                 g0 = next(iter(subs.values()))
