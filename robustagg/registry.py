@@ -7,9 +7,12 @@ names. Registering the same name twice is refused.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .aggregators.base import Aggregator
 
 __all__ = ["register", "get", "available", "lookup", "build_pipeline"]
 
