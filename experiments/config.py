@@ -268,7 +268,7 @@ class TrainConfig:
     model: ModelConf = field(default_factory=ModelConf)
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: LoggerConf = field(default_factory=LoggerConf)
-    seed: int = 0
+    seed: Any = 0  # an int in [0, 2**63); typed Any so that a float or a string reaches the check in as_config
     strict: bool = True
     out_dir: Optional[str] = None
     faults: Dict[str, Any] = field(default_factory=dict)  # each entry is checked against FaultConf

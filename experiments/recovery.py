@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,12 +74,21 @@ def check_faults(cfg: DictConfig, n: int, *, under_torchrun: bool = False) -> li
 def checkpoint_dir(cfg: DictConfig, out_dir: str) -> str:
     """The checkpoint folder (``trainer.checkpoint.dir`` or ``<out_dir>/checkpoints``), absolute.
 
+    The folder is not created here. When it will be written (an explicit ``trainer.checkpoint.dir``,
+    checkpoints, faults or restarts) a write test creates and removes a temporary folder in it, or
+    in its nearest existing parent, so nothing is left behind.
+
     Raises:
-        ConfigError: ``resume=never`` on a folder with committed checkpoints, or ``resume`` names
-            a folder that is not a committed checkpoint.
+        ConfigError: the folder or one of its parents is a file, it cannot be created or written
+            (``/proc``, a read-only mount, no permission), ``resume=never`` on a folder with committed
+            checkpoints, or ``resume`` names a folder that is not a committed checkpoint.
     """
     d = cfg.trainer.checkpoint.dir
     path = Path(str(d)) if d else Path(out_dir) / "checkpoints"
+    tr = cfg.trainer
+    writes = bool(d) or int(tr.checkpoint.every) > 0 or bool(cfg.faults) or int(tr.max_restarts) > 0
+    _check_folder(path, "trainer.checkpoint.dir" if d else "the checkpoint folder <run dir>/checkpoints",
+                  write_test=writes)
     resume = str(cfg.trainer.resume)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0  # torchrun restart: own checkpoints
     if resume == "never" and not restarted and path.is_dir() and any(
@@ -89,6 +99,24 @@ def checkpoint_dir(cfg: DictConfig, out_dir: str) -> str:
         raise ConfigError(f"trainer.resume={resume!r} is not a committed checkpoint folder (no manifest.json); "
                           "use auto, never, or a folder such as <dir>/step-00000040.")
     return str(path.resolve())
+
+
+def _check_folder(path: Path, key: str, *, write_test: bool) -> None:
+    """Refuse a folder that is a file, sits under a file, or cannot be created or written (see checkpoint_dir)."""
+    shown = f"{key}={path}" if key.startswith("trainer.") else f"{key} ({path})"
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{shown} cannot be a folder: {probe} is a file; choose another folder (it is created "
+                          "if missing), or leave trainer.checkpoint.dir null for <run dir>/checkpoints.")
+    if not write_test:
+        return
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=probe))
+    except OSError as exc:
+        raise ConfigError(f"{shown} cannot be created or written ({probe}: {exc.strerror or exc}); choose a "
+                          "writable folder, or leave trainer.checkpoint.dir null for <run dir>/checkpoints.") from None
 
 
 def code_revision() -> str:
