@@ -253,3 +253,24 @@ def test_deliberately_open_nodes_stay_open(tmp_path):
 def test_a_plain_dict_with_an_unknown_key_is_refused_too():
     with pytest.raises(ConfigError, match=r"unknown key trainer\.optimiser: .*valid keys"):
         as_config({"aggregator": {"_target_": "robustagg.Mean"}, "trainer": {"optimiser": "adam"}})
+
+
+def test_a_group_option_that_does_not_exist_lists_the_options():
+    from experiments.config import check_group_choices
+
+    # Hydra alone: the list form names no option (this is what check_group_choices is for)
+    with pytest.raises(HydraException, match="Could not load 'faults/crashh'") as info:
+        _compose(["faults=[crashh]"])
+    assert "crash_between" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"^faults=\[crash,crashh\]: conf/faults/ has no option 'crashh' \(did you "
+                                          r"mean crash\?\); the options: checkpoint_corrupt, "
+                                          r"checkpoint_crash, corrupt, crash, crash_between, desync, hang, none, "
+                                          r"nonfinite\.$"):
+        check_group_choices(["trainer.steps=3", "faults=[crash,crashh]"])
+    with pytest.raises(ConfigError, match=r"^\+experiment=exampel: conf/experiment/ has no option 'exampel' \(did "
+                                          r"you mean example\?\)"):
+        check_group_choices(["+experiment=exampel"])
+    with pytest.raises(ConfigError, match=r"^aggregator=krum,krumm: .*'krumm' \(did you mean krum"):
+        check_group_choices(["-m", "aggregator=krum,krumm"])
+    check_group_choices(["-m", "faults=[crash,desync]", "aggregator=krum,trimmed_mean", "seed=range(3)",
+                         "+experiment=rule/krum", "preaggregation=null", "trainer.steps=3", "hydra.run.dir=x"])

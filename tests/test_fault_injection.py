@@ -26,7 +26,10 @@ def _cfg(*overrides):
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(kind="melt"), "unknown fault kind 'melt'"),
+    (dict(kind="melt"), r"^unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, "),
+    (dict(kind="crashh"), r"^unknown fault kind 'crashh' \(did you mean crash\?\); choose one of crash, hang, "),
+    (dict(kind="crash", where="after_stp"), r"where must be one of .*; got 'after_stp' \(did you mean after_step"),
+    (dict(kind="hang", seconds=float("inf")), "seconds must be > 0 and finite; got inf"),
     (dict(kind="crash", step=0), "step must be >= 1"),
     (dict(kind="crash", where="sometime"), "where must be one of before_step, after_reduce, after_step"),
     (dict(kind="hang", seconds=0), "seconds must be > 0"),
