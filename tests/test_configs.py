@@ -274,3 +274,17 @@ def test_a_group_option_that_does_not_exist_lists_the_options():
         check_group_choices(["-m", "aggregator=krum,krumm"])
     check_group_choices(["-m", "faults=[crash,desync]", "aggregator=krum,trimmed_mean", "seed=range(3)",
                          "+experiment=rule/krum", "preaggregation=null", "trainer.steps=3", "hydra.run.dir=x"])
+
+
+def test_the_readme_torchrun_line_is_complete_and_validates(monkeypatch):
+    readme = (CONF.parent / "README.md").read_text()
+    lines = [ln.split("#")[0].split() for ln in readme.splitlines() if ln.startswith("torchrun ")]
+    assert lines, "README lost its torchrun example"
+    for words in lines:
+        assert "..." not in words
+        nproc = next(int(w.split("=")[1]) for w in words if w.startswith("--nproc-per-node="))
+        overrides = words[words.index("experiments.train") + 1:]
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", str(nproc))  # what torchrun sets: world size must equal threat.n
+        plan = validate(_compose([o for o in overrides if not o.startswith("hydra.")] + FAST))
+        assert plan.n == nproc
