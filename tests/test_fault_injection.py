@@ -80,7 +80,8 @@ def test_faults_hit_worker_ids_not_ranks():
     (["faults=[checkpoint_crash]"], "no checkpoint is written at step 8"),
     (["faults=[crash]", "trainer.mode=simulated"], "fault injection needs trainer.mode=processes"),
     (["trainer.on_failure=shrink", "trainer.mode=simulated"], "on_failure=shrink needs the app's own launcher"),
-    (["+faults.x={kind: crash, rnk: 1}"], "Key 'rnk' not in 'FaultConf'"),
+    (["+faults.x={kind: crash, rnk: 1}"], r"unknown key faults\.x\.rnk: the schema of faults\.x \(FaultConf\) .*Did "
+                                          r"you mean faults\.x\.rank\?"),
     (["trainer.on_failure=retry"], "trainer.on_failure must be restart or shrink"),
 ])
 def test_fault_configuration_is_checked_before_launch(overrides, message):
