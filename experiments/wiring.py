@@ -95,16 +95,16 @@ def _check_keys(node: Any, schema: Any, path: str) -> None:
             fault = OmegaConf.structured(FaultConf)
             for name, entry in value.items():
                 _check_keys(entry, fault, f"{path}faults.{name}.")
-        else:
-            _check_keys(value, schema._get_node(key), f"{path}{key}.")
+        elif not OmegaConf.is_missing(schema, key):  # a missing node (aggregator) is an open one
+            _check_keys(value, schema[key], f"{path}{key}.")
 
 
 def _early_checks(cfg: DictConfig) -> None:
     """Values read before :func:`validate` runs (``train`` sets the thread count first): seed, threads."""
     seed = cfg.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ConfigError(f"seed must be an integer in [0, 2**63) (NumPy's generators refuse negative seeds, "
-                          f"torch's refuse 2**64 and above); got {seed!r}. Use e.g. seed=0.")
+        raise ConfigError(f"seed must be an integer in [0, 2**63) (a signed 64-bit value: NumPy's generators refuse "
+                          f"negative seeds, torch's refuse 2**64 and above); got {seed!r}. Use e.g. seed=0.")
     threads = cfg.trainer.threads
     if threads < 1:
         raise ConfigError(f"trainer.threads must be an integer >= 1 (torch threads per process); got {threads}. "
@@ -377,8 +377,13 @@ def _callback_checks(callbacks: Any) -> None:
                 why = f"cannot be imported ({type(inner).__name__}: {inner})"
             else:
                 why = f"cannot be used ({text.splitlines()[0]})"
-            raise ConfigError(f"{key}._target_={target!r} {why}; give the dotted path of an importable class or "
-                              "function (a module on PYTHONPATH), e.g. mypkg.callbacks.Recorder.") from None
+        except Exception as exc:  # anything else the lookup raises: still one message, before launch
+            why = f"cannot be used ({type(exc).__name__}: {exc})"
+        else:
+            continue
+        why = " ".join(why.split())  # one line
+        raise ConfigError(f"{key}._target_={target!r} {why}; give the dotted path of an importable class or "
+                          "function (a module on PYTHONPATH), e.g. mypkg.callbacks.Recorder.") from None
 
 
 #: A host name: dot-separated labels of letters, digits, '-' and '_' (which some resolvers allow).
