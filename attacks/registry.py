@@ -7,6 +7,7 @@ take (never silently dropped).
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from typing import Any, Callable, TypeVar
 
@@ -47,12 +48,14 @@ def lookup(name: str) -> type[Attack]:
     """The attack class registered under ``name``.
 
     Raises:
-        ConfigError: unknown name; the message lists the available ones.
+        ConfigError: unknown name; the message names the nearest ones and lists all.
     """
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
-        raise ConfigError(f"unknown attack {name!r}; available: {', '.join(available())}.") from None
+        near = difflib.get_close_matches(str(name), available(), n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        raise ConfigError(f"unknown attack {name!r}{hint}; available: {', '.join(available())}.") from None
 
 
 def get(name: str, **params: Any) -> Attack:

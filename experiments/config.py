@@ -1,24 +1,31 @@
 """Structured-config schemas of ``conf/`` (registered in Hydra's ConfigStore as ``train_schema``).
 
 Every typed node refuses keys it does not declare, so a misspelt key (``trainer.setps=10``) is an
-error at composition, never silently ignored. The ``aggregator``, ``preaggregation`` and
-``attack`` nodes carry a ``_target_`` and the class's own parameters; they are checked against the
-class's signature by :func:`experiments.wiring.validate` before any process starts.
+error at composition, never silently ignored; a key added with ``+`` (``+trainer.optimizer=adam``),
+which Hydra lets into the composed config, is refused by :func:`experiments.wiring.as_config`.
+Open on purpose: the ``aggregator``, ``preaggregation`` and ``attack`` nodes carry a ``_target_``
+and the class's own parameters, checked against the class's signature by
+:func:`experiments.wiring.validate` before any process starts; each ``trainer.callbacks`` entry
+takes what its class takes; ``faults`` holds one named entry per selected file, each checked
+against :class:`FaultConf`.
 
 ``n`` and the declared ``f`` are set once, in ``threat``, and interpolated everywhere else.
 """
 
 from __future__ import annotations
 
+import difflib
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
 __all__ = ["Mode", "Partition", "DataName", "ByzantineData", "ThreatConf", "DataConf", "ModelConf", "CheckpointConf",
-           "TrainerConf", "FaultConf", "LoggerConf", "TrainConfig", "register_configs"]
+           "TrainerConf", "FaultConf", "LoggerConf", "TrainConfig", "register_configs",
+           "check_group_choices"]
 
 
 class Mode(str, enum.Enum):
@@ -256,7 +263,9 @@ class TrainConfig:
     """The whole configuration of ``python -m experiments.train``.
 
     Attributes:
-        seed: every random choice (data split, partition, init, batches, attack noise) derives from it.
+        seed: every random choice (data split, partition, init, batches, attack noise) derives from it;
+            an integer in ``[0, 2**63)``, checked by :func:`experiments.wiring.as_config` (typed
+            ``Any`` so that ``seed=1e20`` reaches that check and its message).
         strict: ``false`` lets a run break a requirement on purpose (warned, recorded as
             ``assumption/violated``).
         out_dir: where run files go (``null``: Hydra's run directory, or the working directory).
@@ -274,7 +283,7 @@ class TrainConfig:
     model: ModelConf = field(default_factory=ModelConf)
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: LoggerConf = field(default_factory=LoggerConf)
-    seed: int = 0
+    seed: Any = 0
     strict: bool = True
     out_dir: Optional[str] = None
     run_name: Optional[str] = None
@@ -305,6 +314,45 @@ def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:
     if os.environ.get("LOCAL_RANK") is not None and rid not in ("", "none"):
         return os.path.join("outputs", f"torchrun-{rid}")
     return os.path.join("outputs", time.strftime("%Y-%m-%d"), time.strftime("%H-%M-%S"))
+
+
+#: The ``conf/`` folder the entry points compose from.
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
+    """Refuse a command-line ``group=NAME`` or ``group=[a,b]`` that names no file of ``conf/<group>/``.
+
+    Hydra lists the options of a group for ``faults=crashh`` but not for a list value
+    (``faults=[crashh]`` reports only "Could not load 'faults/crashh'"); this check names the
+    nearest options and all of them, before Hydra composes. Overrides that are not a group choice
+    (``trainer.steps=3``), sweeps with functions (``seed=range(3)``) and ``null`` are left to Hydra.
+
+    Args:
+        overrides: the command-line overrides (``sys.argv[1:]``; ``-m`` and other flags are skipped).
+        conf_dir: the config folder (default: this project's ``conf/``).
+
+    Raises:
+        ConfigError: an option that is not a file of the group's folder.
+    """
+    from robustagg.errors import ConfigError
+
+    for override in overrides:
+        key, sep, value = override.lstrip("+").partition("=")
+        folder = conf_dir / key
+        if not sep or not key or key.startswith(("-", "~")) or "." in key or not folder.is_dir():
+            continue
+        value = value.strip()
+        if any(c in value for c in "()${}'\""):
+            continue
+        items = [v.strip() for v in value.strip("[]").split(",") if v.strip() and v.strip() != "null"]
+        options = sorted(p.stem for p in folder.glob("*.yaml"))
+        for item in items:
+            if not (folder / f"{item}.yaml").is_file():
+                near = difflib.get_close_matches(item, options, n=2, cutoff=0.6)
+                hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+                raise ConfigError(f"{override}: conf/{key}/ has no option {item!r}{hint}; the options: "
+                                  f"{', '.join(options)}.")
 
 
 def register_configs() -> None:

@@ -7,6 +7,8 @@ run lock, resume checks) is the library's: :mod:`robustagg.launch`.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -54,15 +56,23 @@ def check_faults(cfg: DictConfig, n: int, *, under_torchrun: bool = False) -> li
 def checkpoint_dir(cfg: DictConfig, out_dir: str) -> str:
     """The checkpoint folder (``trainer.checkpoint.dir`` or ``<out_dir>/checkpoints``), absolute.
 
-    ``resume=never`` on a folder that holds checkpoints is settled by
-    :func:`robustagg.launch.prepare` (a run folder starts over in a new one; an explicit
-    ``trainer.checkpoint.dir`` outside it is refused).
+    The folder is not created here. When it will be written (an explicit ``trainer.checkpoint.dir``,
+    checkpoints, faults or restarts) a write test creates and removes a temporary folder in it, or
+    in its nearest existing parent, so nothing is left behind. ``resume=never`` on a folder that
+    holds checkpoints is settled by :func:`robustagg.launch.prepare` (a run folder starts over in a
+    new one; an explicit ``trainer.checkpoint.dir`` outside it is refused).
 
     Raises:
-        ConfigError: ``resume`` names a folder that is not a committed checkpoint.
+        ConfigError: the folder or one of its parents is a file, it cannot be created or written
+            (``/proc``, a read-only mount, no permission), or ``resume`` names a folder that is not
+            a committed checkpoint.
     """
     d = cfg.trainer.checkpoint.dir
     path = Path(str(d)) if d else Path(out_dir) / "checkpoints"
+    tr = cfg.trainer
+    writes = bool(d) or int(tr.checkpoint.every) > 0 or bool(cfg.faults) or int(tr.max_restarts) > 0
+    _check_folder(path, "trainer.checkpoint.dir" if d else "the checkpoint folder <run dir>/checkpoints",
+                  write_test=writes)
     resume = str(cfg.trainer.resume)
     if resume not in ("auto", "never") and not (Path(resume) / "manifest.json").is_file():
         raise ConfigError(f"trainer.resume={resume!r} is not a committed checkpoint folder (no manifest.json); "
@@ -70,3 +80,19 @@ def checkpoint_dir(cfg: DictConfig, out_dir: str) -> str:
     return str(path.resolve())
 
 
+def _check_folder(path: Path, key: str, *, write_test: bool) -> None:
+    """Refuse a folder that is a file, sits under a file, or cannot be created or written (see checkpoint_dir)."""
+    shown = f"{key}={path}" if key.startswith("trainer.") else f"{key} ({path})"
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{shown} cannot be a folder: {probe} is a file; choose another folder (it is created "
+                          "if missing), or leave trainer.checkpoint.dir null for <run dir>/checkpoints.")
+    if not write_test:
+        return
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=probe))
+    except OSError as exc:
+        raise ConfigError(f"{shown} cannot be created or written ({probe}: {exc.strerror or exc}); choose a "
+                          "writable folder, or leave trainer.checkpoint.dir null for <run dir>/checkpoints.") from None

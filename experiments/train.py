@@ -178,4 +178,11 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    from .config import check_group_choices
+
+    try:
+        check_group_choices(sys.argv[1:])  # faults=[crashh]: name the options before Hydra composes
+    except RobustAggError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -14,7 +14,14 @@ checkpoints, ``resume=never`` on a folder that holds checkpoints). It returns a 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
+import errno
 import inspect
+import ipaddress
+import math
+import re
+import socket
 import uuid
 import warnings
 from dataclasses import dataclass, field
@@ -52,24 +59,89 @@ def _attack_names() -> list[str]:
     return list(attacks.available())
 
 
+def _close(word: str, options: list[str]) -> list[str]:
+    """The options nearest to a misspelt ``word`` (difflib ratio >= 0.6), best first."""
+    return difflib.get_close_matches(word, options, n=3, cutoff=0.6)
+
+
+def _unknown_key(path: str, options: list[str], where: str) -> ConfigError:
+    key = path.rsplit(".", 1)[-1]
+    near = _close(key, options)
+    prefix = path[: len(path) - len(key)]
+    hint = f" Did you mean {' or '.join(prefix + k for k in near)}?" if near else ""
+    return ConfigError(f"unknown key {path}: the schema of {where} does not declare it (a misspelt key, or a '+' "
+                       f"override or config file that adds a key no code reads).{hint} The valid keys: "
+                       f"{', '.join(options)}.")
+
+
+def _check_keys(node: Any, schema: Any, path: str) -> None:
+    """Refuse every key of the plain container ``node`` that the typed ``schema`` node does not declare.
+
+    Closed: every dataclass node of :mod:`experiments.config` (``threat``, ``data``, ``model``,
+    ``trainer``, ``trainer.checkpoint``, ``logger``, each ``faults.<name>`` against ``FaultConf``).
+    Open on purpose: ``aggregator``, ``preaggregation`` and ``attack`` (their parameters are checked
+    against the class's signature by :func:`_resolve_target`), the entries of ``trainer.callbacks``
+    (a callback takes what its class takes), and the names under ``faults`` (one per selected file).
+    """
+    if not isinstance(node, dict) or not isinstance(schema, DictConfig):
+        return
+    kind = OmegaConf.get_type(schema)
+    if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+        return
+    where = f"{path[:-1] or 'the top level'} ({kind.__name__})"
+    options = [str(k) for k in schema.keys()]
+    for key, value in node.items():
+        if key not in options:
+            raise _unknown_key(f"{path}{key}", options, where)
+        if key == "faults" and kind is TrainConfig and isinstance(value, dict):
+            fault = OmegaConf.structured(FaultConf)
+            for name, entry in value.items():
+                _check_keys(entry, fault, f"{path}faults.{name}.")
+        elif not OmegaConf.is_missing(schema, key):  # a missing node (aggregator) is an open one
+            _check_keys(value, schema[key], f"{path}{key}.")
+
+
+def _early_checks(cfg: DictConfig) -> None:
+    """Values read before :func:`validate` runs (``train`` sets the thread count first): seed, threads."""
+    seed = cfg.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(f"seed must be an integer in [0, 2**63) (a signed 64-bit value: NumPy's generators refuse "
+                          f"negative seeds, torch's refuse 2**64 and above); got {seed!r}. Use e.g. seed=0.")
+    threads = cfg.trainer.threads
+    if threads < 1:
+        raise ConfigError(f"trainer.threads must be an integer >= 1 (torch threads per process); got {threads}. "
+                          "Use e.g. trainer.threads=1.")
+
+
 def as_config(cfg: Any) -> DictConfig:
-    """Merge ``cfg`` (a DictConfig or dict) into the typed schema, so misspelt keys fail here.
+    """Merge ``cfg`` (a DictConfig or dict) into the typed schema, so misspelt and unknown keys fail here.
+
+    The keys are compared with the schema on a plain copy of ``cfg``: a DictConfig that Hydra
+    composed is already typed, and a ``+key=value`` override adds its key with the struct flag
+    lifted, which a merge of one typed config into another would keep silently. Open nodes are
+    listed in :func:`_check_keys`. The seed and ``trainer.threads`` are checked here too: they are
+    used before :func:`validate` runs.
 
     Raises:
-        ConfigError: unknown key, wrong type, or a missing required value.
+        ConfigError: unknown key (the message names the nearest valid keys), wrong type, a missing
+            required value, a seed outside ``[0, 2**63)``, or ``trainer.threads < 1``.
     """
     try:
+        raw = (OmegaConf.to_container(cfg, resolve=False, enum_to_str=True) if isinstance(cfg, DictConfig)
+               else OmegaConf.to_container(OmegaConf.create(cfg), resolve=False, enum_to_str=True))
         base = OmegaConf.structured(TrainConfig)
-        merged = OmegaConf.merge(base, cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg))
+        _check_keys(raw, base, "")
+        merged = OmegaConf.merge(base, OmegaConf.create(raw))
         OmegaConf.resolve(merged)
         for name in list(merged.faults):
             node = merged.faults[name]
             if not isinstance(node, DictConfig):
                 raise ConfigError(f"faults.{name} must be a mapping with a kind (see conf/faults/); got {node!r}.")
             merged.faults[name] = OmegaConf.merge(OmegaConf.structured(FaultConf), node)
-        return merged  # type: ignore[return-value]
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid configuration: {exc}".replace("\n", " ").strip()) from None
+    _early_checks(merged)  # type: ignore[arg-type]
+    return merged  # type: ignore[return-value]
 
 
 def _resolve_target(node: Any, *, what: str, base: type, names: list[str], prefix: str) -> tuple[type, dict[str, Any]]:
@@ -285,11 +357,127 @@ def _device(cfg: DictConfig) -> tuple[str, str]:
     if dev == "cuda" and not torch.cuda.is_available():
         raise ConfigError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu.")
     backend = str(cfg.trainer.backend)
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ConfigError(f"trainer.backend must be auto, gloo or nccl; got {backend!r}.")
     if backend == "auto":
         backend = "nccl" if dev == "cuda" else "gloo"
-    if backend not in ("gloo", "nccl") or (backend == "nccl" and dev != "cuda"):
-        raise ConfigError(f"trainer.backend must be auto, gloo or nccl (nccl needs trainer.device=cuda); got {backend!r}.")
+    if backend == "nccl" and dev != "cuda":
+        why = "" if str(cfg.trainer.device) == "cpu" else " (no CUDA device is visible)"
+        raise ConfigError(f"trainer.backend=nccl needs CUDA tensors, but trainer.device is cpu{why}; use "
+                          "trainer.backend=gloo (or auto), or trainer.device=cuda on a machine with a GPU.")
     return dev, backend
+
+
+#: The longest trainer.collective_timeout_s accepted (a day): longer is a typo, or a hang by another name.
+_MAX_TIMEOUT_S = 86400.0
+
+
+def _finite(x: Any) -> bool:
+    return math.isfinite(float(x))
+
+
+def _model_checks(model: DictConfig) -> list[tuple[bool, str]]:
+    hidden, channels = list(model.hidden), list(model.channels)
+    return [
+        (all(int(h) >= 1 for h in hidden), f"model.hidden lists layer widths, each an integer >= 1; got {hidden}. "
+                                           "Use e.g. model.hidden=[64] (or [] for a linear model)."),
+        (all(int(c) >= 1 for c in channels), f"model.channels lists conv channels, each an integer >= 1; got "
+                                             f"{channels}. Use e.g. model.channels=[8,16]."),
+        (0 <= float(model.dropout) < 1, f"model.dropout must be in [0, 1); got {model.dropout}. Use e.g. "
+                                        "model.dropout=0.1 (0 = none)."),
+    ]
+
+
+def _callback_checks(callbacks: Any) -> None:
+    """Each ``trainer.callbacks`` entry names an importable, callable, allowed ``_target_``.
+
+    Resolved as the workers will (``hydra.utils.instantiate``, with ``_partial_`` so nothing is
+    called here): Hydra's target policy refuses some targets (``os.remove``, ``subprocess.run``...).
+    """
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    for i, cb in enumerate(callbacks):
+        key = f"trainer.callbacks[{i}]"
+        if not isinstance(cb, Mapping) or not cb.get("_target_"):
+            raise ConfigError(f"{key} needs a _target_ (the dotted path of a class or function called as "
+                              f"cb(trainer, step_output)); got {cb!r}.")
+        target = str(cb["_target_"])
+        try:
+            instantiate({"_target_": target, "_partial_": True})
+        except InstantiationException as exc:
+            text = str(exc)
+            cause = exc.__cause__
+            if "blocklisted" in text:
+                why = "is refused by Hydra's instantiate policy (a blocklisted target)"
+            elif "Expected a callable target" in text:
+                why = "is not callable"
+            elif cause is not None:
+                inner = cause.__cause__ or cause
+                why = f"cannot be imported ({type(inner).__name__}: {inner})"
+            else:
+                why = f"cannot be used ({text.splitlines()[0]})"
+        except Exception as exc:  # anything else the lookup raises: still one message, before launch
+            why = f"cannot be used ({type(exc).__name__}: {exc})"
+        else:
+            continue
+        why = " ".join(why.split())  # one line
+        raise ConfigError(f"{key}._target_={target!r} {why}; give the dotted path of an importable class or "
+                          "function (a module on PYTHONPATH), e.g. mypkg.callbacks.Recorder.") from None
+
+
+#: A host name: dot-separated labels of letters, digits, '-' and '_' (which some resolvers allow).
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?")
+
+
+def _rendezvous_checks(cfg: DictConfig) -> None:
+    """``trainer.master_addr`` and ``trainer.port``, as the app's launcher will use them.
+
+    The launcher starts every worker on this machine; rank 0 listens on ``master_addr:port``
+    (``tcp://host:port``, IPv4) and the others connect. So: the address must be IPv4 or a host name
+    with an IPv4 address, and (``trainer.mode=processes``, not under torchrun, which brings its own
+    rendezvous) one of this machine's, with the port free: a bind to it, with ``SO_REUSEADDR`` as
+    the store uses, is tried and closed at once.
+    """
+    tr = cfg.trainer
+    addr, port = str(tr.master_addr).strip(), int(tr.port)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"trainer.port must be 0 (pick a free port) or a TCP port in 1..65535; got {port}.")
+    fix = "use e.g. trainer.master_addr=127.0.0.1 (every worker runs on this machine)"
+    try:
+        ip: Optional[ipaddress.IPv4Address | ipaddress.IPv6Address] = ipaddress.ip_address(addr)
+    except ValueError:
+        ip = None
+    if ip is None and re.fullmatch(r"[0-9.]+", addr):
+        raise ConfigError(f"trainer.master_addr={addr!r} is not a valid IPv4 address (four numbers 0..255); {fix}.")
+    if ip is None and not _HOSTNAME.fullmatch(addr):
+        raise ConfigError(f"trainer.master_addr={addr!r} is neither an IP address nor a host name; {fix}.")
+    if ip is not None and ip.version == 6:
+        raise ConfigError(f"trainer.master_addr={addr!r} is an IPv6 address; the app's launcher joins its workers "
+                          f"over IPv4 (tcp://host:port): {fix}.")
+    from robustagg.distributed import from_environment
+
+    if Mode(tr.mode) is not Mode.processes or from_environment() is not None:
+        return  # no rendezvous of ours: simulated mode, or torchrun's
+    if ip is None:
+        try:
+            socket.getaddrinfo(addr, None, socket.AF_INET, socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ConfigError(f"trainer.master_addr={addr!r} does not resolve to an IPv4 address ({exc}); "
+                              f"{fix}.") from None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"trainer.port={port} is already in use on {addr}; choose a free port, or "
+                                  "trainer.port=0 to pick one.") from None
+            if exc.errno == errno.EACCES:
+                raise ConfigError(f"trainer.port={port} on {addr} needs privileges this process lacks (ports "
+                                  "below 1024); choose a port above 1024, or trainer.port=0.") from None
+            raise ConfigError(f"trainer.master_addr={addr!r} is not an address of this machine ({exc.strerror}): "
+                              f"rank 0 of the app's launcher listens on it; {fix}.") from None
 
 
 def _trainer_checks(cfg: DictConfig) -> None:
@@ -297,10 +485,13 @@ def _trainer_checks(cfg: DictConfig) -> None:
     checks = [
         (int(tr.steps) >= 0, f"trainer.steps must be >= 0; got {tr.steps}."),
         (int(tr.batch_size) >= 1, f"trainer.batch_size must be >= 1; got {tr.batch_size}."),
-        (float(tr.lr) > 0, f"trainer.lr must be > 0; got {tr.lr}."),
+        (_finite(tr.lr) and float(tr.lr) > 0,
+         f"trainer.lr must be a finite number > 0 (the SGD step size); got {tr.lr}. Use e.g. trainer.lr=0.1."),
         (0 <= float(tr.momentum) < 1, f"trainer.momentum must be in [0, 1); got {tr.momentum}."),
+        (_finite(tr.weight_decay) and float(tr.weight_decay) >= 0,
+         f"trainer.weight_decay must be a finite number >= 0 (the L2 penalty); got {tr.weight_decay}. Use e.g. "
+         "trainer.weight_decay=0."),
         (0 <= float(tr.worker_momentum) < 1, f"trainer.worker_momentum must be in [0, 1); got {tr.worker_momentum}."),
-        (int(tr.threads) >= 1, f"trainer.threads must be >= 1; got {tr.threads}."),
         (int(tr.eval_every) >= 0 and int(tr.param_check_every) >= 0,
          "trainer.eval_every and trainer.param_check_every must be >= 0."),
         (str(tr.scheduler) in ("none", "cosine"), f"trainer.scheduler must be none or cosine; got {tr.scheduler!r}."),
@@ -309,7 +500,10 @@ def _trainer_checks(cfg: DictConfig) -> None:
         (str(tr.on_nonfinite) in ("abort", "drop"), f"trainer.on_nonfinite must be abort or drop; got {tr.on_nonfinite!r}."),
         (str(tr.start_method) in ("auto", "spawn", "forkserver", "fork"),
          f"trainer.start_method must be auto, spawn, forkserver or fork; got {tr.start_method!r}."),
-        (float(tr.collective_timeout_s) > 0, f"trainer.collective_timeout_s must be > 0; got {tr.collective_timeout_s}."),
+        (0 < float(tr.collective_timeout_s) <= _MAX_TIMEOUT_S,
+         f"trainer.collective_timeout_s must be a finite number of seconds in (0, {_MAX_TIMEOUT_S:.0f}] (how long "
+         f"a collective waits for the others; a day at most); got {tr.collective_timeout_s}. Use e.g. "
+         "trainer.collective_timeout_s=60."),
         (str(cfg.logger.name) in ("wandb", "none"), f"logger must be wandb or none; got {cfg.logger.name!r}."),
         (int(tr.checkpoint.every) >= 0, f"trainer.checkpoint.every must be >= 0 steps; got {tr.checkpoint.every}."),
         (int(tr.checkpoint.keep) >= 1, f"trainer.checkpoint.keep must be >= 1; got {tr.checkpoint.keep}."),
@@ -319,10 +513,13 @@ def _trainer_checks(cfg: DictConfig) -> None:
          f"trainer.shrink_shards must be drop or redistribute; got {tr.shrink_shards!r}."),
         (float(tr.straggler_factor) > 1, f"trainer.straggler_factor must be > 1; got {tr.straggler_factor}."),
         (str(tr.resume) != "", "trainer.resume must be auto, never or a checkpoint folder; got an empty string."),
+        *_model_checks(cfg.model),
     ]
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    _callback_checks(tr.callbacks)
+    _rendezvous_checks(cfg)
 
 
 def _hard_violations(rule: Aggregator, n: int) -> list[str]:

@@ -2,36 +2,65 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence, Union
+from typing import Any, Iterable, Sequence, Union
 
+import numpy as np
 import torch
 
 from .errors import NonFiniteInputError, ShapeError
 
-Submissions = Union[torch.Tensor, Sequence[torch.Tensor]]
+Submissions = Union[torch.Tensor, np.ndarray, Sequence[torch.Tensor], Sequence[np.ndarray]]
 
 __all__ = ["as_matrix", "nonfinite_rows", "check_finite", "flatten", "unflatten_like"]
+
+
+def _from_numpy(a: np.ndarray, name: str) -> torch.Tensor:
+    """A NumPy array as a tensor of the same dtype (shared memory; a copy when read-only or byte-swapped)."""
+    if a.dtype.kind != "f":
+        raise ShapeError(f"{name} is a NumPy array of dtype {a.dtype}; rules need floating values: pass "
+                         f"{name}.astype(numpy.float64).")
+    if not a.flags.writeable or not a.dtype.isnative:
+        a = np.array(a, dtype=a.dtype.newbyteorder("="))  # torch refuses byte-swapped and warns on read-only
+    return torch.from_numpy(a)
+
+
+def _as_row(r: Any, name: str) -> Any:
+    return _from_numpy(r, f"{name}[i]") if isinstance(r, np.ndarray) else r
 
 
 def as_matrix(x: Submissions, name: str = "x") -> torch.Tensor:
     """Return the submissions as one ``(n, d)`` floating tensor (no copy when already one).
 
     Args:
-        x: a ``(n, d)`` floating tensor, or a non-empty sequence of ``(d,)`` tensors that are
-            stacked (one copy).
+        x: a ``(n, d)`` floating tensor or NumPy array, or a non-empty sequence of ``(d,)`` tensors
+            or NumPy arrays that are stacked (one copy). A NumPy array keeps its dtype (float64 stays
+            float64) and, when writable, shares its memory (the rules never write to their input);
+            the rule's result is a tensor (``.numpy()`` turns it back).
         name: the argument name used in error messages.
+
+    Shape: ``(n, d)`` (or n rows of ``(d,)``) ``-> (n, d)``, dtype and device of the input.
 
     Raises:
         ShapeError: empty input, wrong number of dimensions, mismatched lengths, or a
             non-floating dtype; the message names ``name`` and the fix.
+
+    Example:
+        >>> import numpy as np
+        >>> as_matrix(np.array([[1.0, 2.0], [3.0, 4.0]])).dtype
+        torch.float64
     """
+    if isinstance(x, np.ndarray):
+        x = _from_numpy(x, name)
     if not isinstance(x, torch.Tensor):
-        rows = list(x)
+        rows = [_as_row(r, name) for r in x]
         if not rows:
             raise ShapeError(f"{name} is empty: pass at least one submission (a (d,) tensor).")
-        if any(not isinstance(r, torch.Tensor) or r.dim() != 1 for r in rows):
-            raise ShapeError(f"{name} as a list must hold (d,) tensors; flatten each gradient first "
-                             "(robustagg.flatten).")
+        bad = next((r for r in rows if not isinstance(r, torch.Tensor) or r.dim() != 1), None)
+        if bad is not None:
+            got = (f"a {bad.dim()}-D tensor of shape {tuple(bad.shape)}" if isinstance(bad, torch.Tensor)
+                   else f"a {type(bad).__name__}")
+            raise ShapeError(f"{name} as a list must hold (d,) tensors or NumPy arrays, one per worker; got {got}. "
+                             "Flatten each gradient first (robustagg.flatten), or pass one (n, d) tensor.")
         if len({r.shape[0] for r in rows}) != 1:
             raise ShapeError(f"{name} rows have different lengths {sorted({r.shape[0] for r in rows})}; "
                              "every worker must submit the same d.")

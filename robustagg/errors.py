@@ -45,7 +45,8 @@ class CheckpointError(RobustAggError, RuntimeError):
 
 
 class AssumptionWarning(UserWarning):
-    """A rule runs past its requirement because ``strict=False`` was passed (breakdown studies)."""
+    """A rule runs past its requirement because ``strict=False`` was passed (breakdown studies), or
+    :func:`robustagg.get` built a rule without ``f`` (so for ``f = 0``)."""
 
 
 class DataFileError(RobustAggError, ValueError):

@@ -1,15 +1,19 @@
 """Name -> class registry of every rule and pre-aggregator.
 
 ``robustagg.get("krum", f=2)`` builds a rule by its snake_case name; ``available()`` lists the
-names. Registering the same name twice is refused.
+names. Registering the same name twice is refused. ``get`` without ``f`` builds the rule for
+``f = 0`` Byzantine workers and warns (:class:`~robustagg.errors.AssumptionWarning`) for every
+rule or map whose output or requirement depends on ``f`` (``f_matters``; not the mean).
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
-from .errors import ConfigError
+from .errors import AssumptionWarning, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aggregators.base import Aggregator
@@ -55,12 +59,14 @@ def lookup(name: str) -> type:
     """The class registered under ``name``.
 
     Raises:
-        ConfigError: unknown name; the message lists the available ones.
+        ConfigError: unknown name; the message names the nearest ones and lists all.
     """
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ConfigError(f"unknown aggregator {name!r}; available: {', '.join(available())}.") from None
+        near = difflib.get_close_matches(str(name), available(), n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        raise ConfigError(f"unknown aggregator {name!r}{hint}; available: {', '.join(available())}.") from None
 
 
 def get(name: str, **params: Any) -> Any:
@@ -69,9 +75,22 @@ def get(name: str, **params: Any) -> Any:
     A name with ``>`` (``"nnm>trimmed_mean"``) builds a :class:`~robustagg.Pipeline`; see
     :func:`build_pipeline` for how parameters are routed.
 
+    Warns:
+        AssumptionWarning: ``f`` not given for a rule or map whose output or requirement depends
+            on it: the default ``f = 0`` tolerates no Byzantine worker (the trimmed mean trims
+            nothing). Python shows it once per calling line; pass ``f`` (``f=0`` too) to silence it.
+
     Raises:
-        ConfigError: unknown name, or a parameter the class does not take (never silently dropped).
+        ConfigError: unknown name, a parameter the class does not take (never silently dropped),
+            or an unknown name inside a ``>`` spec.
+
+    Example:
+        >>> import robustagg as ra
+        >>> ra.get("trimmed_mean", f=2)
+        CoordinateWiseTrimmedMean(f=2)
     """
+    if "f" not in params:
+        _warn_default_f(name)
     if ">" in name:
         return build_pipeline(name, **params)
     cls = lookup(name)
@@ -79,6 +98,15 @@ def get(name: str, **params: Any) -> Any:
         return cls(**params)
     except TypeError as exc:
         raise ConfigError(f"{name}: {exc}. See help(robustagg.{cls.__name__}) for its parameters.") from None
+
+
+def _warn_default_f(spec: str) -> None:
+    stages = [s.strip() for s in spec.split(">")]
+    if not any(getattr(_REGISTRY.get(s), "f_matters", False) for s in stages):
+        return  # unknown names are refused by the caller; the mean and informational maps need no f
+    warnings.warn(f"robustagg.get({spec!r}) without f builds it for f=0 Byzantine workers: it tolerates none "
+                  f"(its requirement is checked for f=0). Pass the bound you assume, e.g. "
+                  f"robustagg.get({spec!r}, f=1).", AssumptionWarning, stacklevel=3)
 
 
 def _build(name: str, params: dict[str, Any], f: int | None, strict: bool | None) -> Any:

@@ -155,7 +155,7 @@ def test_kappa_bound_edges():
     assert math.isnan(ra.get("bucketing>krum", f=1).requirement.kappa_bound(20, 1))
     assert lower_bound_kappa(10, 2) == pytest.approx(1.0 / 3.0) and lower_bound_kappa(4, 2) == math.inf
     for rule in (ra.Krum(), ra.CoordinateWiseMedian(), ra.CoordinateWiseTrimmedMean(), ra.GeometricMedian(),
-                 ra.get("nnm>trimmed_mean")):
+                 ra.get("nnm>trimmed_mean", f=0)):
         for f in range(0, 5):
             for n in range(2 * f + 3, 2 * f + 20):  # no upper bound beats the universal lower bound
                 assert rule.requirement.kappa_bound(n, f) >= lower_bound_kappa(n, f) - 1e-12
@@ -217,7 +217,11 @@ def test_registry_names():
     assert set(ra.available()) >= set(NAMES) and ra.available() == sorted(ra.available())
     for name, cls in NAMES.items():
         assert ra.lookup(name) is cls and cls.name == name
-        assert isinstance(ra.get(name), cls)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert isinstance(ra.get(name), cls)
+        # without f: warned exactly for the rules and maps whose output or requirement depend on f
+        assert len(seen) == (name not in ("mean", "bucketing", "clipping")) == cls.f_matters
     assert isinstance(ra.get("nnm>trimmed_mean", f=1), ra.Pipeline)
     assert ra.get("nnm>trimmed_mean", f=1).rule.f == 1 and ra.get("nnm>trimmed_mean", f=1).pre[0].f == 1
 
@@ -238,3 +242,46 @@ def test_hydra_instantiable(name):
     assert type(obj) is cls
     if "f" in cls.__init__.__code__.co_varnames:
         assert instantiate({"_target_": f"robustagg.{cls.__name__}", "f": 1}).f == 1
+
+
+# --- get() without f; NumPy input ---------------------------------------------------------------------------
+def test_get_without_f_warns_and_names_the_fix():
+    with pytest.warns(ra.AssumptionWarning, match=r"^robustagg\.get\('trimmed_mean'\) without f builds it for f=0 "
+                                                  r"Byzantine workers: it tolerates none .*Pass the bound you assume, "
+                                                  r"e\.g\. robustagg\.get\('trimmed_mean', f=1\)\.$"):
+        rule = ra.get("trimmed_mean")
+    assert rule.f == 0  # the default is unchanged: warned, not refused
+    with pytest.warns(ra.AssumptionWarning, match=r"robustagg\.get\('bucketing>krum'\) without f"):
+        ra.get("bucketing>krum")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # f given (0 too), the mean, an informational map: silent
+        ra.get("trimmed_mean", f=0), ra.get("mean"), ra.get("bucketing"), ra.get("clipping"), ra.get("nnm>krum", f=1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")  # Python's default: once per calling line
+        for _ in range(3):
+            ra.get("krum")
+    assert len(seen) == 1 and "robustagg.get('krum')" in str(seen[0].message)
+    assert seen[0].filename == __file__  # points at the caller's line, not the registry
+
+
+def test_numpy_input_is_accepted_and_keeps_its_dtype():
+    import numpy as np
+
+    x = np.array([[1.0, 9.0], [2.0, 0.0], [4.0, 1.0], [100.0, 3.0], [5.0, 5.0]])
+    # trimmed mean, f=1: column 0 sorted 1 2 4 5 100 -> (2+4+5)/3; column 1: 0 1 3 5 9 -> (1+3+5)/3 = 3
+    want = torch.tensor([11.0 / 3.0, 3.0], dtype=torch.float64)
+    rule = ra.CoordinateWiseTrimmedMean(f=1)
+    for given in (x, list(x), x.astype(np.float32)):
+        out = rule(given)
+        assert isinstance(out, torch.Tensor)
+        assert out.dtype == (torch.float32 if given is not x and not isinstance(given, list) else torch.float64)
+        torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=0)
+    frozen = x.copy()
+    frozen.flags.writeable = False  # copied, not shared (torch warns on a read-only buffer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(rule(frozen), rule(torch.from_numpy(x)))
+    assert torch.equal(ra.get("nnm>krum", f=1)(x), ra.get("nnm>krum", f=1)(torch.from_numpy(x)))
+    assert torch.equal(rule.weights(x), rule.weights(torch.from_numpy(x)))
+    assert torch.equal(rule(x.astype(">f8")), rule(x))  # byte-swapped: converted
+    np.testing.assert_array_equal(x, np.array([[1.0, 9.0], [2.0, 0.0], [4.0, 1.0], [100.0, 3.0], [5.0, 5.0]]))

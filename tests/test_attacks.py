@@ -97,6 +97,8 @@ def test_knowledge_and_kind_declarations():
 def test_get_refuses_unknown_names_and_params():
     with pytest.raises(ConfigError, match=r"unknown attack 'nope'; available: agr_tailored, alie, .*zero\."):
         attacks.get("nope")
+    with pytest.raises(ConfigError, match=r"^unknown attack 'alei' \(did you mean alie\?\); available: agr_tailored"):
+        attacks.get("alei")
     with pytest.raises(ConfigError, match=r"attack 'alie' \(ALIE\) does not take 'zz'; its parameters: z, source"):
         attacks.get("alie", zz=1.0)
     with pytest.raises(ConfigError, match=r"does not take 'scale'; its parameters: \(none\)"):

@@ -145,3 +145,146 @@ def test_the_mean_is_a_baseline_not_a_violation():
 def test_attack_none_or_zero_byzantine_means_everyone_is_honest():
     assert validate(_compose(["attack=none", *FAST])).byzantine_ranks == ()
     assert validate(_compose(["threat.byzantine=0", *FAST])).byzantine_ranks == ()
+
+
+# --- malformed values: one message naming the key, the bad value and the fix, before any process ---------
+# override -> words the message must hold (regex). Every case is refused by validate(), which runs before
+# any worker process starts (the CLI test in test_train_e2e.py checks that through the real command).
+REFUSED = [
+    ("trainer.collective_timeout_s=inf", r"trainer\.collective_timeout_s must be a finite number of seconds in "
+                                         r"\(0, 86400\] \(how long a collective waits for the others; a day at "
+                                         r"most\); got inf\. Use e\.g\. trainer\.collective_timeout_s=60"),
+    ("trainer.collective_timeout_s=1e15", r"trainer\.collective_timeout_s must be .*; got 1000000000000000\.0\."),
+    ("trainer.collective_timeout_s=0", r"trainer\.collective_timeout_s must be .*; got 0\.0\."),
+    ("trainer.lr=inf", r"trainer\.lr must be a finite number > 0 \(the SGD step size\); got inf\. Use e\.g\. "
+                       r"trainer\.lr=0\.1"),
+    ("trainer.lr=nan", r"trainer\.lr must be a finite number > 0 .*; got nan\."),
+    ("trainer.weight_decay=-1", r"trainer\.weight_decay must be a finite number >= 0 .*; got -1\.0\. Use e\.g\. "
+                                r"trainer\.weight_decay=0"),
+    ("trainer.port=-1", r"trainer\.port must be 0 \(pick a free port\) or a TCP port in 1\.\.65535; got -1\."),
+    ("trainer.port=70000", r"trainer\.port must be 0 \(pick a free port\) or a TCP port in 1\.\.65535; got 70000\."),
+    ("trainer.threads=0", r"trainer\.threads must be an integer >= 1 \(torch threads per process\); got 0\. "
+                          r"Use e\.g\. trainer\.threads=1"),
+    ("seed=-1", r"seed must be an integer in \[0, 2\*\*63\) .*; got -1\. Use e\.g\. seed=0"),
+    ("seed=1e20", r"seed must be an integer in \[0, 2\*\*63\) .*; got 1e\+20\."),
+    ("seed=9223372036854775808", r"seed must be an integer in \[0, 2\*\*63\) .*; got 9223372036854775808\."),
+    ("seed=1.5", r"seed must be an integer .*; got 1\.5\."),
+    ("model.hidden=[-5]", r"model\.hidden lists layer widths, each an integer >= 1; got \[-5\]\. Use e\.g\. "
+                          r"model\.hidden=\[64\] \(or \[\] for a linear model\)"),
+    ("model.hidden=[0]", r"model\.hidden lists layer widths, each an integer >= 1; got \[0\]\."),
+    ("model.channels=[8,0]", r"model\.channels lists conv channels, each an integer >= 1; got \[8, 0\]\."),
+    ("model.dropout=1.5", r"model\.dropout must be in \[0, 1\); got 1\.5\."),
+    ("trainer.master_addr=999.1.1.1", r"trainer\.master_addr='999\.1\.1\.1' is not a valid IPv4 address \(four "
+                                      r"numbers 0\.\.255\); use e\.g\. trainer\.master_addr=127\.0\.0\.1"),
+    ("trainer.master_addr='bad host!'", r"trainer\.master_addr='bad host!' is neither an IP address nor a host name"),
+    ("trainer.master_addr=no-such-host.invalid", r"trainer\.master_addr='no-such-host\.invalid' does not resolve to "
+                                                 r"an IPv4 address .*use e\.g\. trainer\.master_addr=127\.0\.0\.1"),
+    ("trainer.master_addr=192.0.2.1", r"trainer\.master_addr='192\.0\.2\.1' is not an address of this machine"),
+    ("trainer.master_addr=::1", r"trainer\.master_addr='::1' is an IPv6 address; the app's launcher"),
+    ("trainer.checkpoint.dir=/proc/x", r"trainer\.checkpoint\.dir=/proc/x cannot be created or written \(/proc: "),
+    ("trainer.callbacks=[{_target_: os.remove, path: x}]",
+     r"trainer\.callbacks\[0\]\._target_='os\.remove' is refused by Hydra's instantiate policy"),
+    ("trainer.callbacks=[{_target_: no_such_module.Recorder}]",
+     r"trainer\.callbacks\[0\]\._target_='no_such_module\.Recorder' cannot be imported .*No module named "
+     r"'no_such_module'.*an importable class or function"),
+    ("trainer.callbacks=[{_target_: math.pi}]", r"trainer\.callbacks\[0\]\._target_='math\.pi' is not callable"),
+    ("trainer.callbacks=[{every: 3}]", r"trainer\.callbacks\[0\] needs a _target_"),
+    ("+trainer.optimizer=adam", r"unknown key trainer\.optimizer: the schema of trainer \(TrainerConf\) does not "
+                                r"declare it.*valid keys: mode, steps, batch_size, lr"),
+    ("+trainer.lrr=0.1", r"unknown key trainer\.lrr: .*Did you mean trainer\.lr\?"),
+    ("+data.augment=true", r"unknown key data\.augment: the schema of data \(DataConf\) does not declare it"),
+    ("+logger.projet=x", r"unknown key logger\.projet: .*Did you mean logger\.project\?"),
+    ("+trainer.checkpoint.evry=5", r"unknown key trainer\.checkpoint\.evry: .*Did you mean trainer\.checkpoint\.every"),
+    ("+sed=3", r"unknown key sed: the schema of the top level \(TrainConfig\) .*Did you mean seed\?"),
+    ("trainer.backend=nccl", r"trainer\.backend=nccl needs CUDA tensors, but trainer\.device is cpu; use "
+                             r"trainer\.backend=gloo \(or auto\)"),
+    ("trainer.backend=mpi", r"trainer\.backend must be auto, gloo or nccl; got 'mpi'\."),
+]
+
+
+@pytest.mark.parametrize("override,message", REFUSED, ids=[o for o, _ in REFUSED])
+def test_malformed_values_are_refused_before_launch(override, message):
+    extra = ["trainer.device=cpu"] if "backend" in override else []
+    with pytest.raises(ConfigError, match=message) as info:
+        validate(_compose([override, *extra, *FAST]))
+    assert "\n" not in str(info.value)  # one line
+
+
+def test_faults_with_an_unknown_option_name_the_nearest_key():
+    with pytest.raises(ConfigError, match=r"unknown key faults\.crash\.stepp: the schema of faults\.crash "
+                                          r"\(FaultConf\) does not declare it.*Did you mean faults\.crash\.step\?"):
+        validate(_compose(["faults=[crash]", "+faults.crash.stepp=3", "trainer.checkpoint.every=1", *FAST]))
+
+
+def test_a_port_in_use_or_a_checkpoint_dir_that_is_a_file(tmp_path):
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"trainer\.port={port} is already in use on 127\.0\.0\.1; choose a "
+                                              r"free port, or trainer\.port=0 to pick one"):
+            validate(_compose([f"trainer.port={port}", *FAST]))
+        # the simulated mode opens no port: nothing to refuse
+        validate(_compose([f"trainer.port={port}", "trainer.mode=simulated", *FAST]))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for d in (a_file, a_file / "sub"):
+        with pytest.raises(ConfigError, match=rf"trainer\.checkpoint\.dir={d} .*{a_file} is a file"):
+            validate(_compose([f"trainer.checkpoint.dir={d}", *FAST]))
+    fresh = tmp_path / "new" / "ckpt"
+    plan = validate(_compose([f"trainer.checkpoint.dir={fresh}", *FAST]))
+    assert plan.ckpt_dir == str(fresh) and not (tmp_path / "new").exists()  # checked, nothing left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_deliberately_open_nodes_stay_open(tmp_path):
+    # callbacks take whatever their class takes; rule and attack parameters are checked against the
+    # class's signature instead of the schema (see test_unknown_rule_or_attack_name_lists_the_available_ones).
+    cb = "trainer.callbacks=[{_target_: collections.Counter, anything: 1}]"
+    assert validate(_compose([cb, *FAST])).cfg["trainer"]["callbacks"] == [{"_target_": "collections.Counter",
+                                                                          "anything": 1}]
+    plan = validate(_compose(["aggregator=centered_clipping", "aggregator.tau=3.0", "trainer.port=0",
+                              "trainer.master_addr=localhost", "seed=9223372036854775807", *FAST]))
+    assert plan.cfg["aggregator"]["tau"] == 3.0 and plan.cfg["seed"] == 2**63 - 1
+
+
+def test_a_plain_dict_with_an_unknown_key_is_refused_too():
+    with pytest.raises(ConfigError, match=r"unknown key trainer\.optimiser: .*valid keys"):
+        as_config({"aggregator": {"_target_": "robustagg.Mean"}, "trainer": {"optimiser": "adam"}})
+
+
+def test_a_group_option_that_does_not_exist_lists_the_options():
+    from experiments.config import check_group_choices
+
+    # Hydra alone: the list form names no option (this is what check_group_choices is for)
+    with pytest.raises(HydraException, match="Could not load 'faults/crashh'") as info:
+        _compose(["faults=[crashh]"])
+    assert "crash_between" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"^faults=\[crash,crashh\]: conf/faults/ has no option 'crashh' \(did you "
+                                          r"mean crash\?\); the options: checkpoint_corrupt, "
+                                          r"checkpoint_crash, corrupt, crash, crash_between, desync, hang, none, "
+                                          r"nonfinite\.$"):
+        check_group_choices(["trainer.steps=3", "faults=[crash,crashh]"])
+    with pytest.raises(ConfigError, match=r"^\+experiment=exampel: conf/experiment/ has no option 'exampel' \(did "
+                                          r"you mean example\?\)"):
+        check_group_choices(["+experiment=exampel"])
+    with pytest.raises(ConfigError, match=r"^aggregator=krum,krumm: .*'krumm' \(did you mean krum"):
+        check_group_choices(["-m", "aggregator=krum,krumm"])
+    check_group_choices(["-m", "faults=[crash,desync]", "aggregator=krum,trimmed_mean", "seed=range(3)",
+                         "+experiment=rule/krum", "preaggregation=null", "trainer.steps=3", "hydra.run.dir=x"])
+
+
+def test_the_readme_torchrun_line_is_complete_and_validates(monkeypatch):
+    readme = (CONF.parent / "README.md").read_text()
+    lines = [ln.split("#")[0].split() for ln in readme.splitlines() if ln.startswith("torchrun ")]
+    assert lines, "README lost its torchrun example"
+    for words in lines:
+        assert "..." not in words
+        nproc = next(int(w.split("=")[1]) for w in words if w.startswith("--nproc-per-node="))
+        overrides = words[words.index("experiments.train") + 1:]
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", str(nproc))  # what torchrun sets: world size must equal threat.n
+        plan = validate(_compose([o for o in overrides if not o.startswith("hydra.")] + FAST))
+        assert plan.n == nproc

@@ -26,7 +26,10 @@ def _cfg(*overrides):
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(kind="melt"), "unknown fault kind 'melt'"),
+    (dict(kind="melt"), r"^unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, "),
+    (dict(kind="crashh"), r"^unknown fault kind 'crashh' \(did you mean crash\?\); choose one of crash, hang, "),
+    (dict(kind="crash", where="after_stp"), r"where must be one of .*; got 'after_stp' \(did you mean after_step"),
+    (dict(kind="hang", seconds=float("inf")), "seconds must be > 0 and finite; got inf"),
     (dict(kind="crash", step=0), "step must be >= 1"),
     (dict(kind="crash", where="sometime"), "where must be one of before_step, after_reduce, after_step"),
     (dict(kind="hang", seconds=0), "seconds must be > 0"),
@@ -77,7 +80,8 @@ def test_faults_hit_worker_ids_not_ranks():
     (["faults=[checkpoint_crash]"], "no checkpoint is written at step 8"),
     (["faults=[crash]", "trainer.mode=simulated"], "fault injection needs trainer.mode=processes"),
     (["trainer.on_failure=shrink", "trainer.mode=simulated"], "on_failure=shrink needs the app's own launcher"),
-    (["+faults.x={kind: crash, rnk: 1}"], "Key 'rnk' not in 'FaultConf'"),
+    (["+faults.x={kind: crash, rnk: 1}"], r"unknown key faults\.x\.rnk: the schema of faults\.x \(FaultConf\) .*Did "
+                                          r"you mean faults\.x\.rank\?"),
     (["trainer.on_failure=retry"], "trainer.on_failure must be restart or shrink"),
 ])
 def test_fault_configuration_is_checked_before_launch(overrides, message):

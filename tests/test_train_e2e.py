@@ -41,6 +41,46 @@ def test_bad_configuration_exits_with_one_message(tmp_path):
     assert "Traceback" not in p.stderr and not (tmp_path / "run" / "summary.json").exists()
 
 
+CLI_REFUSED = [
+    ("+trainer.optimizer=adam", "error: unknown key trainer.optimizer: the schema of trainer (TrainerConf)"),
+    ("trainer.lr=inf", "error: trainer.lr must be a finite number > 0 (the SGD step size); got inf."),
+    ("seed=1e20", "error: seed must be an integer in [0, 2**63)"),
+    ("trainer.threads=0", "error: trainer.threads must be an integer >= 1 (torch threads per process); got 0."),
+    ("model.hidden=[0]", "error: model.hidden lists layer widths, each an integer >= 1; got [0]."),
+]
+
+
+def _no_worker_started(run: Path) -> None:
+    for name in ("evidence", "detections.jsonl", "config_resolved.yaml", "metrics.jsonl", "summary.json"):
+        assert not (run / name).exists(), name
+
+
+@pytest.mark.parametrize("override,message", CLI_REFUSED, ids=[o for o, _ in CLI_REFUSED])
+def test_a_malformed_override_exits_2_before_any_worker(override, message, tmp_path):
+    run = tmp_path / "run"
+    p = _run(["-m", "experiments.train", override, "trainer.mode=simulated", "logger=none", f"hydra.run.dir={run}"],
+             tmp_path)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert message in p.stderr and "Traceback" not in p.stderr
+    _no_worker_started(run)
+
+
+def test_a_port_in_use_exits_2_before_any_worker(tmp_path):
+    import socket
+
+    run = tmp_path / "run"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        p = _run(["-m", "experiments.train", f"trainer.port={port}", "threat.n=3", "threat.f=0", "aggregator=mean",
+                  "attack=none", "logger=none", "trainer.checkpoint.every=1", f"hydra.run.dir={run}"], tmp_path)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert f"error: trainer.port={port} is already in use on 127.0.0.1" in p.stderr and "Traceback" not in p.stderr
+    _no_worker_started(run)
+    assert not (run / "checkpoints").exists()
+
+
 def test_a_sweep_skips_configurations_that_break_a_requirement(tmp_path):
     p = _run(["-m", "experiments.train", "-m", "aggregator=krum,bulyan", "threat.n=6", "logger=none",
               f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)

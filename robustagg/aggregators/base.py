@@ -68,6 +68,9 @@ class Aggregator(abc.ABC):
     #: :class:`~robustagg.errors.NonFiniteInputError` naming them, so the call skips the separate
     #: finiteness pass (about 0.7x the mean's time at d = 1e6).
     gram_checks_finite: ClassVar[bool] = False
+    #: The output or the requirement check depends on the declared ``f``, so
+    #: :func:`robustagg.get` warns when ``f`` is left at its default 0 (the mean: ``False``).
+    f_matters: ClassVar[bool] = True
 
     def __init__(self, *, f: int = 0, strict: bool = True) -> None:
         self.f = check_f(f)

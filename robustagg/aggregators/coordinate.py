@@ -43,6 +43,7 @@ class Mean(Aggregator):
     """
 
     display_name = "Mean"
+    f_matters = False  # f = 0 is the mean's honest declaration
     paper = "baseline (no robustness)"
     coordinatewise = True
     breakdown_point = "0"

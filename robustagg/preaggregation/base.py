@@ -34,6 +34,9 @@ class PreAggregator(abc.ABC):
     paper: ClassVar[str] = ""
     #: ``requirement`` is None for maps that hold for every ``(n, f)``.
     requirement: Requirement | None = None
+    #: The map's output depends on the declared ``f`` (NNM, ARC), so :func:`robustagg.get` warns
+    #: when ``f`` is left at its default 0; ``False`` where ``f`` is informational.
+    f_matters: ClassVar[bool] = True
 
     def __init__(self, *, f: int = 0, strict: bool = True) -> None:
         self.f = check_f(f)

@@ -91,6 +91,7 @@ class Bucketing(PreAggregator):
     """
 
     display_name = "Bucketing"
+    f_matters = False
     paper = "Karimireddy, He, Jaggi, ICLR 2022"
 
     def __init__(self, *, s: int = 2, generator: torch.Generator | None = None, f: int = 0,
@@ -150,6 +151,7 @@ class Clipping(PreAggregator):
     """
 
     display_name = "Clipping"
+    f_matters = False
     paper = "static clipping"
 
     def __init__(self, *, tau: float = 1.0, f: int = 0, strict: bool = True) -> None:

@@ -60,6 +60,15 @@ KINDS = ("crash", "hang", "desync", "corrupt", "nan", "checkpoint_crash", "check
 _WHERE = ("before_step", "after_reduce", "after_step", "after_commit")
 _HOW = ("sigkill", "exit")
 _EXIT_CODE = 71
+_HINT = " (did you mean {}?)"
+
+
+def _near(word: str, options: Sequence[str], template: str) -> str:
+    """``template`` filled with the options nearest to a misspelt ``word`` (difflib), or ``""`` if none is near."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(options), n=2, cutoff=0.6)
+    return template.format(" or ".join(near)) if near else ""
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,8 @@ class Fault:
         name: an id for logs (default ``"<kind>@<rank>:<step>"``); unique within a run.
 
     Raises:
-        ConfigError: an unknown kind or option, or an out-of-range value.
+        ConfigError: an unknown kind or option (the nearest valid ones are named), or an
+            out-of-range value.
 
     Example:
         >>> Fault("crash", rank=2, step=5, where="after_reduce").id
@@ -90,6 +100,10 @@ class Fault:
         Traceback (most recent call last):
         ...
         robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt.
+        >>> Fault("crashh", rank=0, step=1)
+        Traceback (most recent call last):
+        ...
+        robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt.
     """
 
     kind: str
@@ -106,12 +120,15 @@ class Fault:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.kind in KINDS, f"unknown fault kind {self.kind!r}; choose one of {', '.join(KINDS)}."),
+            (self.kind in KINDS, f"unknown fault kind {self.kind!r}{_near(str(self.kind), KINDS, _HINT)}; "
+                                 f"choose one of {', '.join(KINDS)}."),
             (int(self.rank) >= 0, f"fault {self.id}: rank must be >= 0; got {self.rank}."),
             (int(self.step) >= 1, f"fault {self.id}: step must be >= 1 (the 1-based step number); got {self.step}."),
-            (self.where in _WHERE, f"fault {self.id}: where must be one of {', '.join(_WHERE)}; got {self.where!r}."),
+            (self.where in _WHERE, f"fault {self.id}: where must be one of {', '.join(_WHERE)}; got {self.where!r}"
+                                   f"{_near(str(self.where), _WHERE, _HINT)}."),
             (self.how in _HOW, f"fault {self.id}: how must be sigkill or exit; got {self.how!r}."),
-            (float(self.seconds) > 0, f"fault {self.id}: seconds must be > 0; got {self.seconds}."),
+            (0 < float(self.seconds) < float("inf"), f"fault {self.id}: seconds must be > 0 and finite; got "
+                                                     f"{self.seconds}."),
             (self.mode in ("skip", "reorder"), f"fault {self.id}: mode must be skip or reorder; got {self.mode!r}."),
             (int(self.bits) >= 1, f"fault {self.id}: bits must be >= 1; got {self.bits}."),
             (self.phase in ("files", "commit"), f"fault {self.id}: phase must be files or commit; got {self.phase!r}."),
