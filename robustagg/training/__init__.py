@@ -30,7 +30,7 @@ Example (simulated, 3 workers, one Byzantine sending a large row; the median ign
     (True, 1)
 """
 
-from .byzantine import ByzantineBehaviour, GradientAttack, LabelPoison
+from .byzantine import BatchPoison, ByzantineBehaviour, GradientAttack, LabelPoison
 from .evaluate import evaluate
 from .evidence import StragglerLog, failure_kind, read_evidence, summarise_evidence, write_evidence
 from .faults import Fault, FaultInjector
@@ -41,7 +41,7 @@ from .sampler import ShardSampler, mix_seed
 from .state import capture_rng, restore_rng, seed_everything
 from .trainer import Shard, StepOutput, Trainer
 
-__all__ = ["ByzantineBehaviour", "GradientAttack", "LabelPoison", "evaluate", "atomic_write", "save_model",
+__all__ = ["ByzantineBehaviour", "GradientAttack", "LabelPoison", "BatchPoison", "evaluate", "atomic_write", "save_model",
            "write_json", "JsonlSink", "RunSummary", "Sink", "fit", "step_record", "ShardSampler", "mix_seed",
            "capture_rng", "restore_rng", "seed_everything", "Shard", "StepOutput", "Trainer", "Checkpointer",
            "Restored", "restore", "Fault", "FaultInjector", "StragglerLog", "failure_kind", "read_evidence",
