@@ -60,11 +60,29 @@ def test_smoke_every_rule_simulated(rule, tmp_path):
     assert "agg/byz_accepted" in recs[0] and "agg/honest_weight/6" not in recs[0]  # rank 6 is Byzantine
 
 
-@pytest.mark.parametrize("attack", attacks.available())
+#: Attacks that run from a config only once experiments/wiring.py hands the trainer their hooks
+#: (``batch_poison_fn`` for the backdoors, ``parameters=`` for the model-aware ones) and the runner
+#: passes the trigger to ``evaluate``: strict xfail, so the change landing makes these fail until
+#: the set is emptied.
+WIRING_PENDING = {"backdoor", "backdoor_dba", "model_replacement", "mpaf", "poisoned_fl"}
+_PENDING = pytest.mark.xfail(strict=True, reason="needs the wiring change for batch_poison_fn / parameters=")
+
+
+@pytest.mark.parametrize("attack", [pytest.param(a, marks=_PENDING) if a in WIRING_PENDING else a
+                                    for a in attacks.available()])
 def test_smoke_every_attack_simulated(attack, tmp_path):
     s = train(_cfg(*SMALL, "aggregator=trimmed_mean", f"attack={attack}"), out_dir=tmp_path, quiet=True)
     assert s["steps"] == 2 and s["attack"] == attack and s["byzantine_ranks"] == [6]
     assert math.isfinite(s["mean_kappa_hat"])
+
+
+@pytest.mark.parametrize("attack", [pytest.param(a, marks=_PENDING) for a in ("backdoor", "backdoor_dba",
+                                                                              "model_replacement")])
+def test_backdoor_runs_log_the_attack_success_rate(attack, tmp_path):
+    s = train(_cfg(*SMALL, "trainer.eval_every=1", "aggregator=mean", f"attack={attack}"),
+              out_dir=tmp_path, quiet=True)
+    tests = [r for r in _records(tmp_path) if r["kind"] == "test"]
+    assert len(tests) == 2 and all(0.0 <= r["test/asr"] <= 1.0 for r in tests) and s["attack"] == attack
 
 
 def test_four_process_gloo_run_writes_the_run_files(tmp_path):
