@@ -55,7 +55,7 @@ class OptALIE(AGRTailored):
     is below ``tol * z`` or ``refine`` rounds have run; ties keep the smaller ``z``. ``z_max``
     defaults to ``1024 * max(max_i ||x_i - x̄_H||, ||x̄_H||) / ||sigma_H||``. At most
     ``1 + grid + 2 * refine`` rule calls. A zero spread (``sigma_H = 0``) gives ``z = 0`` and
-    ``b = x̄_H``. The chosen ``z`` and ``J`` are kept in :attr:`last_z` and :attr:`last_objective`.
+    ``b = x̄_H``. The chosen ``z`` and ``J`` are kept in :attr:`last_z` and ``last_objective``.
 
     Knowledge: ``honest+rule`` (omniscient and rule-aware, as ``agr_tailored``).
 

@@ -41,8 +41,8 @@ from .sampler import ShardSampler, mix_seed
 from .state import capture_rng, restore_rng, seed_everything
 from .trainer import Shard, StepOutput, Trainer
 
-__all__ = ["ByzantineBehaviour", "GradientAttack", "LabelPoison", "BatchPoison", "evaluate", "atomic_write", "save_model",
-           "write_json", "JsonlSink", "RunSummary", "Sink", "fit", "step_record", "ShardSampler", "mix_seed",
+__all__ = ["ByzantineBehaviour", "GradientAttack", "LabelPoison", "BatchPoison", "evaluate", "atomic_write",
+           "save_model", "write_json", "JsonlSink", "RunSummary", "Sink", "fit", "step_record", "ShardSampler", "mix_seed",
            "capture_rng", "restore_rng", "seed_everything", "Shard", "StepOutput", "Trainer", "Checkpointer",
            "Restored", "restore", "Fault", "FaultInjector", "StragglerLog", "failure_kind", "read_evidence",
            "summarise_evidence", "write_evidence"]

@@ -253,9 +253,10 @@ class Trainer:
                 g0 = next(iter(subs.values()))
                 honest_rows, own = g0.new_zeros((len(honest), g0.numel())), None
             if mine:
-                if byz.needs_parameters:  # the current model (every worker holds it)
+                if byz.needs_parameters:  # the current model (every worker holds it); see GradientAttack
                     w = flatten([p.detach() for p in self.params])
-                    rows = byz.gradient_fn(honest_rows, len(byz_ranks), own, self.attack_generator, parameters=w)
+                    model_aware: Any = byz.gradient_fn
+                    rows = model_aware(honest_rows, len(byz_ranks), own, self.attack_generator, parameters=w)
                 else:
                     rows = byz.gradient_fn(honest_rows, len(byz_ranks), own, self.attack_generator)
                 d = honest_rows.shape[1]
