@@ -46,8 +46,8 @@ __all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
 
 RESULT_COLUMNS = ["run_id", "status", "rule", "attack", "setting", "heterogeneity", "data", "seed", "n", "f",
                   "byzantine", "final_acc", "final_asr", "best_acc", "worst_class_acc", "final_loss",
-                  "run/acc_drop_vs_mean", "run/suppression", "run/integrity", "mean_kappa_hat", "byz_accepted", "steps", "wall_seconds",
-                  "reason", "run_dir"]
+                  "run/acc_drop_vs_mean", "run/suppression", "run/integrity", "mean_kappa_hat", "byz_accepted", "steps",
+                  "wall_seconds", "reason", "run_dir"]
 
 
 @dataclass

@@ -42,7 +42,7 @@ from .state import capture_rng, restore_rng, seed_everything
 from .trainer import Shard, StepOutput, Trainer
 
 __all__ = ["ByzantineBehaviour", "GradientAttack", "LabelPoison", "BatchPoison", "evaluate", "atomic_write",
-           "save_model", "write_json", "JsonlSink", "RunSummary", "Sink", "fit", "step_record", "ShardSampler", "mix_seed",
-           "capture_rng", "restore_rng", "seed_everything", "Shard", "StepOutput", "Trainer", "Checkpointer",
-           "Restored", "restore", "Fault", "FaultInjector", "StragglerLog", "failure_kind", "read_evidence",
-           "summarise_evidence", "write_evidence"]
+           "save_model", "write_json", "JsonlSink", "RunSummary", "Sink", "fit", "step_record", "ShardSampler",
+           "mix_seed", "capture_rng", "restore_rng", "seed_everything", "Shard", "StepOutput", "Trainer",
+           "Checkpointer", "Restored", "restore", "Fault", "FaultInjector", "StragglerLog", "failure_kind",
+           "read_evidence", "summarise_evidence", "write_evidence"]
