@@ -20,7 +20,7 @@ import torch
 from robustagg import as_matrix, check_finite
 from robustagg.errors import ConfigError, ShapeError
 
-__all__ = ["Knowledge", "Kind", "Attack", "finite_float", "positive_float", "choice"]
+__all__ = ["Knowledge", "Kind", "Attack", "ModelAwareAttack", "finite_float", "positive_float", "choice"]
 
 
 class Knowledge(str, enum.Enum):
@@ -87,7 +87,7 @@ class Attack(abc.ABC):
     inputs; it may return any floating dtype, the shell casts).
 
     Calling:
-        ``attack(honest, num_byzantine, *, own=None, rule=None, generator=None)``
+        ``attack(honest, num_byzantine, *, own=None, rule=None, generator=None, parameters=None)``
 
         - ``honest``: ``(h, d)`` floating tensor (any dtype, any device), the honest submissions
           of the step, in a stable order (e.g. by rank). Attacks whose knowledge model excludes the
@@ -100,6 +100,9 @@ class Attack(abc.ABC):
           rule or Pipeline); required when :attr:`knowledge` is ``HONEST_RULE``.
         - ``generator``: a seeded :class:`torch.Generator` for randomised attacks (``None``: the
           global torch RNG). Same inputs and generator state give the same bits on one device.
+        - ``parameters``: ``(d,)`` the current model parameters, flattened in the order of the
+          gradient coordinates (any floating dtype; same device as ``honest``); required when
+          :attr:`needs_parameters` is True, ignored otherwise.
 
     Returns:
         (torch.Tensor): a new ``(num_byzantine, d)`` tensor, dtype and device of ``honest``; ``(0, d)`` when
@@ -111,7 +114,10 @@ class Attack(abc.ABC):
             ``(num_byzantine, d)`` with the dtype and device of ``honest``.
         NonFiniteInputError: ``honest`` or ``own`` holds NaN or inf (the message names the rows).
         ConfigError: ``num_byzantine`` is not an integer >= 0; ``own`` or ``rule`` is missing
-            while the knowledge model needs it; ``generator`` is not a ``torch.Generator``.
+            while the knowledge model needs it; ``parameters`` is missing while
+            :attr:`needs_parameters` is True; ``generator`` is not a ``torch.Generator``.
+        ShapeError: ``parameters`` is not a floating ``(d,)`` tensor.
+        NonFiniteInputError: ``parameters`` holds NaN or inf.
     """
 
     name: ClassVar[str] = ""
@@ -121,13 +127,17 @@ class Attack(abc.ABC):
     paper: ClassVar[str] = ""
     #: True for attacks with explicit state across steps (:meth:`state_dict`).
     stateful: ClassVar[bool] = False
+    #: True for attacks that read the current model parameters (``parameters=``), which every
+    #: worker holds in data-parallel training (e.g. MPAF's drag toward a base model).
+    needs_parameters: ClassVar[bool] = False
 
     def __init__(self) -> None:
         """Attacks without hyperparameters take no arguments (unknown ones are refused)."""
 
     def __call__(self, honest: torch.Tensor, num_byzantine: int, *, own: Optional[torch.Tensor] = None,
                  rule: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                 generator: Optional[torch.Generator] = None,
+                 parameters: Optional[torch.Tensor] = None) -> torch.Tensor:
         honest = as_matrix(honest, "honest")
         check_finite(honest, "honest")
         f = _num_byzantine(num_byzantine)
@@ -141,9 +151,14 @@ class Attack(abc.ABC):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ConfigError(f"generator must be a torch.Generator or None; got {generator!r}.")
         d = honest.shape[1]
+        w = self._check_parameters(parameters, d) if self.needs_parameters else None
         if f == 0:
             return honest.new_zeros((0, d))
-        out = self._craft(honest, f, own=own, rule=rule, generator=generator)
+        if w is not None:
+            assert isinstance(self, ModelAwareAttack)
+            out = self._craft_model(honest, f, w.to(honest.device), own=own, generator=generator)
+        else:
+            out = self._craft(honest, f, own=own, rule=rule, generator=generator)
         return self._finish(out, honest, f)
 
     def _check_own(self, own: Optional[torch.Tensor], honest: torch.Tensor, f: int) -> Optional[torch.Tensor]:
@@ -160,6 +175,20 @@ class Attack(abc.ABC):
                              f"({own.dtype}, {own.device}). Convert with own.to(honest).")
         check_finite(own, "own")
         return own
+
+    def _check_parameters(self, parameters: Optional[torch.Tensor], d: int) -> torch.Tensor:
+        """Validate ``parameters`` as a finite floating ``(d,)`` tensor; return it as float64."""
+        if parameters is None:
+            raise ConfigError(f"{type(self).__name__} reads the current model: pass parameters= (the ({d},) "
+                              "flattened model parameters, in the order of the gradient coordinates).")
+        if (not isinstance(parameters, torch.Tensor) or not parameters.is_floating_point()
+                or tuple(parameters.shape) != (d,)):
+            got = (f"{tuple(parameters.shape)} {parameters.dtype}" if isinstance(parameters, torch.Tensor)
+                   else type(parameters).__name__)
+            raise ShapeError(f"parameters must be a floating tensor of shape (d,) = ({d},); got {got}.")
+        w = parameters.detach().to(torch.float64)
+        check_finite(w.unsqueeze(0), "parameters")
+        return w
 
     @abc.abstractmethod
     def _craft(self, honest: torch.Tensor, f: int, *, own: Optional[torch.Tensor],
@@ -206,3 +235,24 @@ class Attack(abc.ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._params().items())
         return f"{type(self).__name__}({args})"
+
+
+class ModelAwareAttack(Attack):
+    """Base of the attacks that read the current model parameters (``needs_parameters = True``).
+
+    Subclasses implement :meth:`_craft_model` instead of ``_craft``; the shell validates
+    ``parameters`` (a finite floating ``(d,)`` tensor, refused with a message naming it when
+    missing) and hands it over as float64 on the honest rows' device.
+    """
+
+    needs_parameters: ClassVar[bool] = True
+
+    def _craft(self, honest: torch.Tensor, f: int, *, own: Optional[torch.Tensor],
+               rule: Optional[Callable[[torch.Tensor], torch.Tensor]],
+               generator: Optional[torch.Generator]) -> torch.Tensor:  # pragma: no cover - never called
+        raise RuntimeError(f"internal error: {type(self).__name__} crafts from the parameters (_craft_model).")
+
+    @abc.abstractmethod
+    def _craft_model(self, honest: torch.Tensor, f: int, w: torch.Tensor, *, own: Optional[torch.Tensor],
+                     generator: Optional[torch.Generator]) -> torch.Tensor:
+        """The math from the float64 ``(d,)`` parameters ``w``: ``(f, d)`` or ``(d,)``."""

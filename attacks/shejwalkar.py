@@ -16,7 +16,7 @@ from ._stats import DIRECTIONS, direction, mean64, norm64, pow2_scale
 from .base import Attack, Knowledge, choice, positive_float
 from .registry import register
 
-__all__ = ["MinMax", "MinSum", "AGRTailored"]
+__all__ = ["MinMax", "MinSum", "AGRTailored", "line_search", "rule_objective"]
 
 _Rule = Optional[Callable[[torch.Tensor], torch.Tensor]]
 
@@ -30,6 +30,69 @@ def _scaled(honest: torch.Tensor) -> tuple[torch.Tensor, float]:
 def _gamma_units(gamma_scaled: float, s: float, kind: str) -> float:
     """gamma in the input's units: ``p`` is scale-free for unit/sign and scales with x for std."""
     return gamma_scaled if kind == "std" else gamma_scaled * s
+
+
+def line_search(objective: Callable[[float], float], lam_max: float, *, grid: int, refine: int,
+                tol: float) -> tuple[float, float]:
+    """Maximise a scalar ``objective(lam)`` over ``lam in [0, lam_max]``: grid, then step halving.
+
+    ``objective`` is evaluated at ``0`` and on the geometric grid ``lam_max * 2^-k``,
+    ``k = grid - 1 .. 0`` (increasing ``lam``); around the best point a step-halving local search
+    (``lam +- step`` within ``[0, lam_max]``, ``step`` starting at ``lam/2`` and halved each round)
+    runs until the step is below ``tol * lam`` or ``refine`` rounds have run. Only a strict
+    improvement moves ``lam``, so ties keep the smaller one. At most ``1 + grid + 2 * refine``
+    evaluations; deterministic for a deterministic ``objective``.
+
+    Args:
+        objective: ``lam -> J(lam)``, a finite float (larger is better).
+        lam_max: the largest ``lam`` searched, ``> 0``.
+        grid: number of grid points ``>= 1``; refine: maximum refinement rounds ``>= 0``;
+        tol: relative step at which refinement stops, ``> 0``.
+
+    Returns:
+        ``(lam, J(lam))``, the best point found and its objective.
+
+    Example:
+        >>> line_search(lambda x: -(x - 3.0) ** 2, 8.0, grid=4, refine=0, tol=1e-5)  # grid 0, 1, 2, 4, 8
+        (2.0, -1.0)
+    """
+    best, best_j = 0.0, objective(0.0)
+    for k in range(grid - 1, -1, -1):  # increasing lam: ties keep the smaller one
+        lam = math.ldexp(lam_max, -k)
+        j = objective(lam)
+        if j > best_j:
+            best, best_j = lam, j
+    step = best / 2
+    for _ in range(refine):
+        if best == 0.0 or step < tol * best:
+            break
+        for lam in (best - step, best + step):
+            if 0.0 <= lam <= lam_max:
+                j = objective(lam)
+                if j > best_j:
+                    best, best_j = lam, j
+        step /= 2
+    return best, best_j
+
+
+def rule_objective(rule: Callable[[torch.Tensor], torch.Tensor], honest: torch.Tensor, mu: torch.Tensor,
+                   rows: Callable[[float], torch.Tensor]) -> Callable[[float], float]:
+    """``lam -> ||rule(cat(honest, rows(lam))) - mu||`` (float64), the rule's state restored after each call.
+
+    ``rows(lam)`` gives the ``(f, d)`` Byzantine rows in the honest dtype; ``mu`` is the float64
+    honest mean ``(d,)``. A stateful rule (``state_dict``/``load_state_dict``) is snapshotted once
+    here and restored after every evaluation, so the search never changes the defender's state.
+    """
+    snap = _snapshot(rule)
+
+    def objective(lam: float) -> float:
+        try:
+            out = rule(torch.cat([honest, rows(lam)]))
+        finally:
+            _restore(rule, snap)
+        return norm64(out.to(torch.float64) - mu)
+
+    return objective
 
 
 class _Perturbed(Attack):
@@ -242,18 +305,12 @@ class AGRTailored(Attack):
         p = direction(honest, self.direction)
         pn = norm64(p)
         big = torch.finfo(honest.dtype).max
-        snap = _snapshot(rule)
 
         def rows(lam: float) -> torch.Tensor:
             b = (mu + lam * p).clamp(-big, big).to(honest.dtype)
             return b.unsqueeze(0).expand(f, -1)
 
-        def objective(lam: float) -> float:
-            try:
-                out = rule(torch.cat([honest, rows(lam)]))
-            finally:
-                _restore(rule, snap)
-            return norm64(out.to(torch.float64) - mu)
+        objective = rule_objective(rule, honest, mu, rows)
 
         if pn == 0.0:
             best, best_j = 0.0, objective(0.0)
@@ -262,22 +319,7 @@ class AGRTailored(Attack):
             if self.lambda_max is None:
                 spread = max(float(((honest.to(torch.float64) - mu) ** 2).sum(dim=1).max()) ** 0.5, norm64(mu))
                 lam_max = 1024.0 * (spread if spread > 0 else 1.0) / pn
-            best, best_j = 0.0, objective(0.0)
-            for k in range(self.grid - 1, -1, -1):  # increasing lam: ties keep the smaller one
-                lam = math.ldexp(lam_max, -k)
-                j = objective(lam)
-                if j > best_j:
-                    best, best_j = lam, j
-            step = best / 2
-            for _ in range(self.refine):
-                if best == 0.0 or step < self.tol * best:
-                    break
-                for lam in (best - step, best + step):
-                    if 0.0 <= lam <= lam_max:
-                        j = objective(lam)
-                        if j > best_j:
-                            best, best_j = lam, j
-                step /= 2
+            best, best_j = line_search(objective, lam_max, grid=self.grid, refine=self.refine, tol=self.tol)
         self.last_lambda, self.last_objective = best, best_j
         return rows(best)
 

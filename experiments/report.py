@@ -39,14 +39,14 @@ from robustagg.errors import ConfigError
 
 from .report_figures import accuracy_heatmap, kappa_curves, save_figure, tradeoff_scatter, weight_vs_skew
 from .report_load import SweepData, load_sweep, write_atomic
-from .report_tables import Report, across_settings, add_derived, pivot, slug, to_markdown, tradeoff
+from .report_tables import Report, across_settings, add_derived, backdoor_table, pivot, slug, to_markdown, tradeoff
 
 __all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
 
 RESULT_COLUMNS = ["run_id", "status", "rule", "attack", "setting", "heterogeneity", "data", "seed", "n", "f",
-                  "byzantine", "final_acc", "best_acc", "worst_class_acc", "final_loss", "run/acc_drop_vs_mean",
-                  "run/suppression", "run/integrity", "mean_kappa_hat", "byz_accepted", "steps", "wall_seconds",
-                  "reason", "run_dir"]
+                  "byzantine", "final_acc", "final_asr", "best_acc", "worst_class_acc", "final_loss",
+                  "run/acc_drop_vs_mean", "run/suppression", "run/integrity", "mean_kappa_hat", "byz_accepted", "steps",
+                  "wall_seconds", "reason", "run_dir"]
 
 
 def write_text(path: Path, text: str) -> Path:
@@ -102,6 +102,12 @@ def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, sett
                 "seeds": t["seeds"]})
             lines += ["### Integrity vs suppression per rule", "",
                       to_markdown(view.set_index("rule")), ""]
+        asr = backdoor_table(results, setting)
+        if asr is not None:
+            lines += ["### Backdoor attack success rate (%), rule × attack", "",
+                      "Fraction of the test images not of the target class, stamped with the full trigger, that "
+                      "the final model classifies as the target (`test/asr`; higher = the backdoor took).", "",
+                      to_markdown(asr), ""]
         lines += ["### Worst-class test accuracy (%), rule × attack", "",
                   to_markdown(pivot(results, "worst_class_acc", setting)), ""]
         for fig in figures.get(setting, []):

@@ -1,6 +1,7 @@
 """The report's figures (matplotlib, Agg backend, PNG written atomically).
 
-- :func:`accuracy_heatmap`: final test accuracy (%), rule x attack, one panel per setting;
+- :func:`accuracy_heatmap`: final test accuracy (%), rule x attack, one panel per setting (and the
+  attack success rate (%) next to every backdoor attack);
 - :func:`tradeoff_scatter`: accuracy lost with no attack vs the mean (x, suppression) against
   accuracy lost to the worst attack (y, integrity), one point per rule, frontier marked;
 - :func:`kappa_curves`: kappa-hat over training, one panel per rule, one line per attack, with the
@@ -90,26 +91,54 @@ def _plain_log_axis(ax: Any) -> None:
     ax.tick_params(axis="y", which="minor", labelsize=7)
 
 
+def _with_asr(runs: pd.DataFrame, setting: str) -> tuple[pd.DataFrame, list[bool]]:
+    """The setting's accuracy grid (%) with an ``"<attack> ASR"`` column (%) after every attack whose
+    runs logged an attack success rate (the backdoors); and which columns are ASR columns."""
+    acc = mean_grid(runs, "final_acc", setting) * 100.0
+    if "final_asr" not in runs:
+        return acc, [False] * acc.shape[1]
+    asr = mean_grid(runs, "final_asr", setting) * 100.0
+    cols: dict[str, pd.Series] = {}
+    is_asr: list[bool] = []
+    for attack in acc.columns:
+        cols[attack] = acc[attack]
+        is_asr.append(False)
+        if attack in asr and asr[attack].notna().any():
+            cols[f"{attack} ASR"] = asr[attack]
+            is_asr.append(True)
+    return pd.DataFrame(cols, index=acc.index), is_asr
+
+
 def accuracy_heatmap(runs: pd.DataFrame, settings: Sequence[str]) -> Any:
     """Final test accuracy (%) as a rule x attack heatmap, one panel per setting (mean over seeds;
-    grey "skip" where the configuration broke a requirement, grey "n/a" where no run finished)."""
+    grey "skip" where the configuration broke a requirement, grey "n/a" where no run finished).
+
+    Backdoor attacks get an extra ``"<attack> ASR"`` column right after theirs: the final attack
+    success rate (%, ``test/asr``; red, higher = the backdoor took) next to the clean accuracy."""
     fig, axes = _grid(len(settings), 2, 7.2, 5.2)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")
-    image = None
+    reds = matplotlib.colormaps["Reds"].with_extremes(bad=(0, 0, 0, 0))
+    image = asr_image = None
     for ax, setting in zip(axes.flat, settings):
-        grid = mean_grid(runs, "final_acc", setting) * 100.0
+        grid, is_asr = _with_asr(runs, setting)
         sub = runs[runs["setting"] == setting]
-        image = ax.imshow(grid.to_numpy(dtype=float), cmap=cmap, vmin=0.0, vmax=100.0, aspect="auto")
+        values = grid.to_numpy(dtype=float)
+        mask = np.array(is_asr, dtype=bool)[None, :].repeat(values.shape[0], axis=0)
+        image = ax.imshow(np.where(mask, np.nan, values), cmap=cmap, vmin=0.0, vmax=100.0, aspect="auto")
+        if mask.any():
+            asr_image = ax.imshow(np.where(mask, values, np.nan), cmap=reds, vmin=0.0, vmax=100.0, aspect="auto")
         ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=40, ha="right")
         ax.set_yticks(range(grid.shape[0]), grid.index)
         for i, rule in enumerate(grid.index):
-            for j, attack in enumerate(grid.columns):
+            for j, column in enumerate(grid.columns):
                 v = grid.iloc[i, j]
+                attack = column[:-len(" ASR")] if is_asr[j] else column
                 cell = sub[(sub["rule"] == rule) & (sub["attack"] == attack)]
                 if math.isfinite(v):
                     mark = "†" if (cell["status"] == "diverged").any() else ""
+                    dark = v > 60 if is_asr[j] else v < 60
                     ax.text(j, i, f"{v:.0f}{mark}", ha="center", va="center", fontsize=8,
-                            color="white" if v < 60 else "black")
+                            color="white" if dark else "black")
                 else:
                     skipped = len(cell) and (cell["status"] == "skipped").all()
                     ax.text(j, i, "skip" if skipped else "n/a", ha="center", va="center", fontsize=7, color="#555555")
@@ -118,8 +147,12 @@ def accuracy_heatmap(runs: pd.DataFrame, settings: Sequence[str]) -> Any:
         ax.set_title(f"final test accuracy (%) — {setting}", fontsize=10)
     if image is not None:
         fig.colorbar(image, ax=list(axes.flat[:len(settings)]), label="final test accuracy (%)", shrink=0.8)
+    if asr_image is not None:
+        fig.colorbar(asr_image, ax=list(axes.flat[:len(settings)]), label="backdoor attack success rate (%)",
+                     shrink=0.8)
     fig.suptitle("final test accuracy (%), mean over seeds; † some runs diverged (scored at chance, 1/C); "
-                 "grey: skipped (requirement broken) or not run", fontsize=10)
+                 "grey: skipped (requirement broken) or not run; red \"ASR\" columns: backdoor success rate (%)",
+                 fontsize=10)
     return fig
 
 

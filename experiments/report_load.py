@@ -202,6 +202,9 @@ def load_run(run: Path, run_id: str, skew_cache: dict[str, list[float]]) -> tupl
                               else _num(summary.get("worst_class_acc")))
     row["final_loss"] = _num(last.get("test/loss")) if last is not None else _num(summary.get("final_test_loss"))
     row["best_acc"] = _num(test["test/acc"].max()) if last is not None else _num(summary.get("best_test_acc"))
+    # backdoor attack success rate (test/asr, in [0, 1]) of the last evaluation; nan for other attacks
+    row["final_asr"] = (_num(last.get("test/asr")) if last is not None and "test/asr" in test
+                        else _num(summary.get("final_test_asr")))
     kap = train["agg/kappa_hat"] if "agg/kappa_hat" in train else pd.Series(dtype=float)
     finite = kap[kap.map(lambda v: math.isfinite(v) if isinstance(v, float) else False)]
     row["mean_kappa_hat"] = _num(finite.mean()) if len(finite) else _num(summary.get("mean_kappa_hat"))

@@ -31,12 +31,16 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["Report", "RULE_ORDER", "ATTACK_ORDER", "SCORED", "add_derived", "across_settings", "mean_grid",
-           "setting_labels", "tradeoff", "pareto_front", "pivot", "to_markdown", "order", "slug"]
+__all__ = ["Report", "RULE_ORDER", "ATTACK_ORDER", "BACKDOORS", "backdoor_table", "SCORED", "add_derived",
+           "across_settings", "mean_grid", "setting_labels", "tradeoff", "pareto_front", "pivot", "to_markdown",
+           "order", "slug"]
 
 RULE_ORDER = ("mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "geometric_median",
               "centered_clipping", "nnm>trimmed_mean", "bucketing>coordinate_median", "bucketing>krum", "bulyan")
-ATTACK_ORDER = ("none", "sign_flip", "alie", "ipm", "min_max", "label_flip", "mimic", "agr_tailored")
+ATTACK_ORDER = ("none", "sign_flip", "alie", "ipm", "min_max", "label_flip", "mimic", "agr_tailored", "opt_alie",
+                "opt_ipm", "mpaf", "poisoned_fl", "backdoor", "backdoor_dba", "model_replacement")
+#: The targeted (backdoor) attacks: their runs carry ``final_asr`` (the attack success rate).
+BACKDOORS = ("backdoor", "backdoor_dba", "model_replacement")
 #: Statuses whose ``final_acc`` enters the tables: finished runs, and diverged runs scored at chance.
 SCORED = ("ok", "diverged")
 _HET_KEYS = ("data.partition", "data.alpha", "data.shards_per_worker", "data.imbalance", "data.heterogeneity")
@@ -208,6 +212,19 @@ def across_settings(runs: pd.DataFrame, settings: Sequence[str], *, attack: str 
         table[f"Δ {setting} (pp)"] = [f"{v:+.{digits}f}" if math.isfinite(v) else "—" for v in delta]
     table.index.name = "rule"
     return table
+
+
+def backdoor_table(runs: pd.DataFrame, setting: str) -> "pd.DataFrame | None":
+    """Rule x backdoor-attack table of the attack success rate (%) for one setting (as :func:`pivot`),
+    restricted to the attacks of the setting whose runs logged ``final_asr``; ``None`` when there are none."""
+    sub = runs[runs["setting"] == setting]
+    if "final_asr" not in sub:
+        return None
+    has = sub.groupby("attack")["final_asr"].apply(lambda v: bool(v.notna().any()))
+    names = [a for a in order(sub["attack"], ATTACK_ORDER) if has.get(a, False)]
+    if not names:
+        return None
+    return pivot(sub[sub["attack"].isin(names)], "final_asr", setting)
 
 
 def mean_grid(runs: pd.DataFrame, value: str, setting: str) -> pd.DataFrame:

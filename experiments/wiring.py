@@ -316,9 +316,11 @@ class ExperimentBuild:
             shards[r] = s
         test_x, test_y = self.data.test_x.to(device), self.data.test_y.to(device)
         num_classes = self.data.num_classes
+        attack = getattr(byzantine.gradient_fn, "attack", None) if byzantine is not None else None
+        backdoor = {"trigger": attack.stamp, "target": attack.target} if hasattr(attack, "stamp") else {}
 
-        def eval_fn() -> dict[str, float]:
-            return evaluate(model, test_x, test_y, num_classes)
+        def eval_fn() -> dict[str, float]:  # test/asr too under a backdoor
+            return evaluate(model, test_x, test_y, num_classes, **backdoor)
 
         return WorkerParts(model=model, optimizer=optimizer, rule=rule, shards=shards, scheduler=scheduler,
                            byzantine=byzantine, evaluate=eval_fn, num_classes=num_classes,
@@ -546,8 +548,9 @@ def _dry_run_attack(attack: Any, rule: Aggregator, n: int, b: int, name: str) ->
     honest = torch.randn(n - b, 6, generator=g)
     adapter = AttackAdapter(copy.deepcopy(attack), copy.deepcopy(rule))
     own = torch.randn(b, 6, generator=g) if adapter.knowledge != "none" else None
+    w = torch.randn(6, generator=g) if adapter.needs_parameters else None
     try:
-        adapter(honest, b, own, g)
+        adapter(honest, b, own, g, parameters=w)
     except RobustAggError as exc:
         # the attack's own assumption (e.g. ALIE's s > 0): skipped in a sweep, like a rule's requirement
         raise AssumptionError(f"attack={name} cannot run with n={n} workers of which {b} Byzantine: {exc}") from None
@@ -590,6 +593,11 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     if attack is None or b == 0:
         ranks = ()
     data = build_data(cfg.data, n=n, byzantine_ranks=ranks, seed=int(cfg.seed))
+    if kind == "data" and hasattr(attack, "poison_batch"):  # a backdoor: the target and trigger fit the data
+        try:
+            attack.poison_batch(data.train_x[:2], data.train_y[:2], data.num_classes)
+        except RobustAggError as exc:
+            raise ConfigError(f"attack={attack_name} does not fit data={cfg.data.name}: {exc}") from None
     plan = Plan(cfg={}, n=n, f=f, byzantine_ranks=tuple(ranks), rule_name=str(rule.name), attack_name=attack_name,
                 attack_kind=kind, data=data, device=device, backend=backend, out_dir=str(out_dir))
     # Builds the model and optimizer once here: checks the model fits the data, and imports what
@@ -632,12 +640,18 @@ def build_byzantine(ranks: tuple[int, ...], cfg: DictConfig, rule: Aggregator, *
         return None
     seed = ra_seed(int(cfg.seed), 0xA77AC)
     start = int(cfg.threat.start_step)
+    if attack_kind == "data" and hasattr(attack, "poison_batch"):
+        # backdoors: the batch (inputs and labels) is poisoned, and the gradient on it goes through
+        # the attack (unchanged for BadNets/DBA, boosted for model replacement)
+        return ByzantineBehaviour(ranks=ranks, batch_poison_fn=attack.poison_batch,
+                                  gradient_fn=AttackAdapter(attack, rule), start_step=start, seed=seed,
+                                  name=attack_name)
     if attack_kind == "data":
         return ByzantineBehaviour(ranks=ranks, poison_fn=attack.poison_labels, start_step=start, seed=seed,
                                   name=attack_name)
     adapter = AttackAdapter(attack, rule)
     return ByzantineBehaviour(ranks=ranks, gradient_fn=adapter, start_step=start, seed=seed, name=attack_name,
-                              needs_exchange=adapter.knowledge != "none")
+                              needs_exchange=adapter.knowledge != "none", needs_parameters=adapter.needs_parameters)
 
 
 def ra_seed(*parts: int) -> int:

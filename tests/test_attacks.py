@@ -22,8 +22,9 @@ torch.set_num_threads(1)
 DATA = pathlib.Path(__file__).parent / "data" / "attacks.json"
 CASES = json.loads(DATA.read_text())
 
-ALL = ["agr_tailored", "alie", "bit_flip", "constant", "fang_krum", "fang_trimmed_mean", "gaussian", "ipm",
-       "label_flip", "large_norm", "mimic", "min_max", "min_sum", "sign_flip", "zero"]
+ALL = ["agr_tailored", "alie", "backdoor", "backdoor_dba", "bit_flip", "constant", "fang_krum", "fang_trimmed_mean",
+       "gaussian", "ipm", "label_flip", "large_norm", "mimic", "min_max", "min_sum", "model_replacement", "mpaf",
+       "opt_alie", "opt_ipm", "poisoned_fl", "sign_flip", "zero"]
 
 #: Non-default parameters exercised for every attack (the defaults are exercised too).
 PARAMS: dict[str, list[dict]] = {
@@ -42,6 +43,13 @@ PARAMS: dict[str, list[dict]] = {
     "min_sum": [{}, {"direction": "unit"}, {"direction": "sign"}],
     "sign_flip": [{}],
     "zero": [{}],
+    "opt_alie": [{}, {"z_max": 3.0, "grid": 6, "refine": 2}],
+    "opt_ipm": [{}, {"epsilon_max": 5.0, "grid": 6, "refine": 2}],
+    "backdoor": [{}, {"target": 3, "fraction": 1.0, "size": 2, "margin": 1, "value": 0.5}],
+    "backdoor_dba": [{}, {"parts": 2, "size": 2}],
+    "model_replacement": [{}, {"boost": 3.0}],
+    "mpaf": [{}, {"scale": 2.0, "base_std": 0.0, "seed": 3}],
+    "poisoned_fl": [{}, {"scale": 0.5, "lr": 0.05, "period": 2, "decay": 0.5, "threshold": 0.9}],
 }
 CONFIGS = [(name, p) for name in ALL for p in PARAMS[name]]
 IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in p.items()) or 'default'}" for n, p in CONFIGS]
@@ -56,7 +64,10 @@ def call(attack: attacks.Attack, honest: torch.Tensor, f: int, seed: int = 0, ru
                .to(honest.dtype))
     if attack.knowledge is Knowledge.HONEST_RULE and rule is None:
         rule = ra.Mean()
-    return attack(honest, f, own=own, rule=rule, generator=torch.Generator().manual_seed(seed))
+    w = None
+    if attack.needs_parameters:  # a model state derived from the honest rows' shape and seed
+        w = torch.randn(honest.shape[1], generator=torch.Generator().manual_seed(seed + 2), dtype=torch.float64)
+    return attack(honest, f, own=own, rule=rule, generator=torch.Generator().manual_seed(seed), parameters=w)
 
 
 def honest_rows(h: int = 6, d: int = 5, dtype=torch.float64, seed: int = 0) -> torch.Tensor:
@@ -87,11 +98,17 @@ def test_class_attributes_and_hydra_target(name):
 def test_knowledge_and_kind_declarations():
     k = {n: attacks.get(n).knowledge for n in ALL}
     assert k["agr_tailored"] is Knowledge.HONEST_RULE
-    assert {n for n, v in k.items() if v is Knowledge.NONE} == {"constant", "gaussian", "large_norm", "zero"}
-    assert {n for n, v in k.items() if v is Knowledge.OWN} == {"bit_flip", "label_flip"}
+    assert {n for n, v in k.items() if v is Knowledge.NONE} == {"constant", "gaussian", "large_norm", "zero", "mpaf",
+                                                                "poisoned_fl"}
+    assert {n for n, v in k.items() if v is Knowledge.OWN} == {"bit_flip", "label_flip", "backdoor", "backdoor_dba",
+                                                               "model_replacement"}
+    assert {n for n, v in k.items() if v is Knowledge.HONEST_RULE} == {"agr_tailored", "opt_alie", "opt_ipm"}
     assert attacks.ALIE(source="own").knowledge is Knowledge.OWN
     assert Knowledge.HONEST_RULE.value == "honest+rule"
-    assert [n for n in ALL if attacks.get(n).kind is Kind.DATA] == ["label_flip"]
+    assert [n for n in ALL if attacks.get(n).kind is Kind.DATA] == ["backdoor", "backdoor_dba", "label_flip",
+                                                                     "model_replacement"]
+    assert [n for n in ALL if attacks.get(n).needs_parameters] == ["mpaf", "poisoned_fl"]
+    assert [n for n in ALL if attacks.get(n).stateful] == ["mimic", "mpaf", "poisoned_fl"]
 
 
 def test_get_refuses_unknown_names_and_params():

@@ -28,7 +28,7 @@ from robustagg.errors import ConfigError  # noqa: E402
 
 TARGETS = {"mean": "robustagg.Mean", "krum": "robustagg.Krum", "coordinate_median": "robustagg.CoordinateWiseMedian",
            "trimmed_mean": "robustagg.CoordinateWiseTrimmedMean", "bulyan": "robustagg.Bulyan"}
-ATTACKS = {"none": None, "alie": "attacks.ALIE", "sign_flip": "attacks.SignFlip"}
+ATTACKS = {"none": None, "alie": "attacks.ALIE", "sign_flip": "attacks.SignFlip", "backdoor": "attacks.Backdoor"}
 N, F = 10, 2
 SKEW = [0.1 * i for i in range(N)]  # worker i's label skew
 
@@ -49,8 +49,10 @@ def config(rule: str, attack: str, partition: str, seed: int, *, pre: Optional[s
 
 def make_run(root: Path, job: int, rule: str, attack: str, partition: str, seed: int, acc: Optional[float], *,
              kappa: float = 1.0, weights: Optional[list[float]] = None, worst: Optional[float] = None,
-             skipped: Optional[str] = None, error: str = "AssumptionError", pre: Optional[str] = None) -> Path:
-    """One run folder; ``acc=None`` leaves it without a final evaluation (a crash)."""
+             skipped: Optional[str] = None, error: str = "AssumptionError", pre: Optional[str] = None,
+             asr: Optional[float] = None) -> Path:
+    """One run folder; ``acc=None`` leaves it without a final evaluation (a crash); ``asr``: the
+    backdoor's last ``test/asr`` (half of it at the earlier evaluation)."""
     run = root / str(job)
     (run / ".hydra").mkdir(parents=True)
     cfg = config(rule, attack, partition, seed, pre=pre)
@@ -74,6 +76,8 @@ def make_run(root: Path, job: int, rule: str, attack: str, partition: str, seed:
         if step in (2, 4) and acc is not None:
             lines.append({"kind": "test", "step": step, "test/acc": acc - (0.1 if step == 2 else 0.0),
                           "test/loss": 0.5, "test/worst_class_acc": worst if worst is not None else acc - 0.2})
+            if asr is not None:
+                lines[-1]["test/asr"] = asr if step == 4 else asr / 2
     text = "\n".join(json.dumps(r) for r in lines) + "\n"
     if acc is None:
         text += '{"kind": "train", "st'  # torn last line of a killed run
@@ -307,3 +311,35 @@ def test_no_attack_table_across_settings(report: rep.Report) -> None:
     assert table.loc["mean", "Δ dirichlet(a=0.1) (pp)"] == "-11.0"  # 80.0 - mean(90, 92)
     assert table.loc["coordinate_median", "dirichlet(a=0.1)"] == "—"
     assert "## No attack: final test accuracy (%) across settings" in report.markdown
+
+
+def test_backdoor_attack_success_rate_in_results_markdown_and_heatmap(tmp_path: Path) -> None:
+    from experiments.report_figures import _with_asr
+
+    root = tmp_path / "sweep"
+    runs = {("mean", "none"): (0.90, None), ("mean", "backdoor"): (0.88, 0.90),
+            ("krum", "none"): (0.80, None), ("krum", "backdoor"): (0.78, 0.10)}
+    job = 0
+    for (rule, attack), (acc, asr) in runs.items():
+        for seed in (0, 1):
+            make_run(root, job, rule, attack, "iid", seed, acc + 0.02 * seed,
+                     asr=None if asr is None else asr + 0.04 * seed)
+            job += 1
+    r = rep.build_report(root, tmp_path / "out", wandb=False)
+    assert _row(r.results, "mean", "backdoor", 1)["final_asr"] == pytest.approx(0.94)  # the last evaluation
+    assert math.isnan(_row(r.results, "mean", "none", 0)["final_asr"])
+    # mean over seeds (0.90, 0.94) -> 92.0 ± 2.8; (0.10, 0.14) -> 12.0 ± 2.8
+    assert "### Backdoor attack success rate (%), rule × attack" in r.markdown
+    assert "| mean | 92.0 ± 2.8 |" in r.markdown and "| krum | 12.0 ± 2.8 |" in r.markdown
+    grid, is_asr = _with_asr(r.results, "iid")
+    assert list(grid.columns) == ["none", "backdoor", "backdoor ASR"] and is_asr == [False, False, True]
+    assert grid.loc["mean", "backdoor ASR"] == pytest.approx(92.0) and grid.loc["krum", "backdoor"] == pytest.approx(79.0)
+    assert (tmp_path / "out" / "accuracy_heatmap.png").stat().st_size > 0
+
+
+def test_no_backdoor_runs_no_asr_table_or_column(report: rep.Report) -> None:
+    from experiments.report_figures import _with_asr
+
+    assert "Backdoor attack success rate" not in report.markdown
+    assert report.results["final_asr"].isna().all()
+    assert not any(_with_asr(report.results, "iid")[1])

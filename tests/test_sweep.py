@@ -47,7 +47,7 @@ def _sweep_params(experiment: str) -> dict[str, list[str]]:
     return {str(k): str(v).split(",") for k, v in params.items()}
 
 
-@pytest.mark.parametrize("experiment, runs", [("integrity_vs_suppression", 10 * 8 * 2 * 3),
+@pytest.mark.parametrize("experiment, runs", [("integrity_vs_suppression", 10 * 15 * 2 * 3),
                                               ("integrity_vs_suppression_quick", 5 * 3 * 2 * 1),
                                               ("literature_bucketing", 7 * 2 * 5)])
 def test_sweep_sizes_and_names(experiment: str, runs: int) -> None:
@@ -63,7 +63,9 @@ def test_full_sweep_matches_the_issue() -> None:
     rules = {EXPECTED_RULE[r] for r in params["+experiment/rule"]}
     assert rules == {"mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "geometric_median",
                      "centered_clipping", "nnm>trimmed_mean", "bucketing>coordinate_median", "bulyan"}
-    assert params["attack"] == ["none", "sign_flip", "alie", "ipm", "min_max", "label_flip", "mimic", "agr_tailored"]
+    assert params["attack"] == ["none", "sign_flip", "alie", "ipm", "min_max", "label_flip", "mimic", "agr_tailored",
+                                "opt_alie", "opt_ipm", "mpaf", "poisoned_fl", "backdoor", "backdoor_dba",
+                                "model_replacement"]
     assert params["data.partition"] == ["iid", "dirichlet"]
     cfg = _compose(["+experiment=integrity_vs_suppression"], hydra_cfg=True)
     assert cfg.data.name == "digits" and cfg.data.alpha == 0.1 and cfg.trainer.mode == "simulated"

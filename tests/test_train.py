@@ -67,6 +67,14 @@ def test_smoke_every_attack_simulated(attack, tmp_path):
     assert math.isfinite(s["mean_kappa_hat"])
 
 
+@pytest.mark.parametrize("attack", ["backdoor", "backdoor_dba", "model_replacement"])
+def test_backdoor_runs_log_the_attack_success_rate(attack, tmp_path):
+    s = train(_cfg(*SMALL, "trainer.eval_every=1", "aggregator=mean", f"attack={attack}"),
+              out_dir=tmp_path, quiet=True)
+    tests = [r for r in _records(tmp_path) if r["kind"] == "test"]
+    assert len(tests) == 2 and all(0.0 <= r["test/asr"] <= 1.0 for r in tests) and s["attack"] == attack
+
+
 def test_four_process_gloo_run_writes_the_run_files(tmp_path):
     s = train(_cfg("threat.n=4", "threat.f=1", "trainer.steps=4", "trainer.eval_every=2", "trainer.param_check_every=2",
                    "attack=alie"), out_dir=tmp_path, quiet=True)

@@ -31,7 +31,7 @@ Example (simulated, 3 workers, one Byzantine sending a large row; the median ign
 """
 
 from .attack_adapter import AttackAdapter
-from .byzantine import ByzantineBehaviour, GradientAttack, LabelPoison
+from .byzantine import BatchPoison, ByzantineBehaviour, GradientAttack, LabelPoison
 from .evaluate import evaluate
 from .evidence import StragglerLog, failure_kind, read_evidence, summarise_evidence, write_evidence
 from .faults import Fault, FaultInjector
@@ -43,8 +43,8 @@ from .sources import BatchSource, IterableSource
 from .state import capture_rng, restore_rng, seed_everything
 from .trainer import Shard, StepOutput, Trainer
 
-__all__ = ["AttackAdapter", "ByzantineBehaviour", "GradientAttack", "LabelPoison", "evaluate", "atomic_write", "save_model",
-           "write_json", "JsonlSink", "RunSummary", "Sink", "fit", "step_record", "ShardSampler", "mix_seed", "BatchSource", "IterableSource",
-           "capture_rng", "restore_rng", "seed_everything", "Shard", "StepOutput", "Trainer", "Checkpointer",
-           "Restored", "restore", "Fault", "FaultInjector", "StragglerLog", "failure_kind", "read_evidence",
-           "summarise_evidence", "write_evidence"]
+__all__ = ["AttackAdapter", "ByzantineBehaviour", "GradientAttack", "LabelPoison", "BatchPoison", "evaluate",
+           "atomic_write", "save_model", "write_json", "JsonlSink", "RunSummary", "Sink", "fit", "step_record",
+           "ShardSampler", "mix_seed", "BatchSource", "IterableSource", "capture_rng", "restore_rng", "seed_everything",
+           "Shard", "StepOutput", "Trainer", "Checkpointer", "Restored", "restore", "Fault", "FaultInjector",
+           "StragglerLog", "failure_kind", "read_evidence", "summarise_evidence", "write_evidence"]

@@ -25,7 +25,8 @@ class AttackAdapter:
 
     Rule-aware attacks (``knowledge == "honest+rule"``) receive a deep copy of the defender's
     current rule each step: searching with it must not advance the rule's own state (e.g. centered
-    clipping's centre).
+    clipping's centre). Model-aware attacks (``needs_parameters``, e.g. MPAF) also receive the
+    flattened current parameters ``(d,)`` as ``parameters=``.
 
     Args:
         attack: an object called as ``attack(honest (h, d), num_byzantine, own=(b, d) | None,
@@ -51,11 +52,14 @@ class AttackAdapter:
         self.rule = rule
         self.knowledge = str(getattr(attack.knowledge, "value", attack.knowledge))
         self.rule_aware = self.knowledge == "honest+rule"
+        #: the attack reads the current model (``needs_parameters``, e.g. MPAF): the trainer passes it.
+        self.needs_parameters = bool(getattr(attack, "needs_parameters", False))
 
     def __call__(self, honest: torch.Tensor, num_byzantine: int, own: Optional[torch.Tensor],
-                 generator: torch.Generator) -> torch.Tensor:
+                 generator: torch.Generator, *, parameters: Optional[torch.Tensor] = None) -> torch.Tensor:
         rule = copy.deepcopy(self.rule) if self.rule_aware else None
-        return self.attack(honest, num_byzantine, own=own, rule=rule, generator=generator)
+        extra = {} if parameters is None else {"parameters": parameters}
+        return self.attack(honest, num_byzantine, own=own, rule=rule, generator=generator, **extra)
 
     def state_dict(self) -> dict[str, Any]:
         """The attack's own state (``{}`` when it has none)."""

@@ -16,7 +16,7 @@ from ..aggregators.base import Aggregator
 from ..errors import ConfigError
 from ..preaggregation.base import PreAggregator
 
-__all__ = ["GradientAttack", "LabelPoison", "ByzantineBehaviour"]
+__all__ = ["GradientAttack", "LabelPoison", "BatchPoison", "ByzantineBehaviour"]
 
 
 class GradientAttack(Protocol):
@@ -34,6 +34,11 @@ class GradientAttack(Protocol):
       (``None`` when the behaviour declares ``needs_exchange=False``).
     - ``generator``: a seeded :class:`torch.Generator` whose state the trainer checkpoints.
 
+    When the behaviour declares ``needs_parameters=True`` the trainer also passes the keyword
+    ``parameters=``: the ``(d,)`` current model parameters (before this step's update), flattened
+    in the order of the gradient coordinates; otherwise the call is exactly the four arguments
+    above (implementations written before the keyword keep working).
+
     An object implementing it may also have ``state_dict()`` / ``load_state_dict(state)`` (stateful
     attacks such as mimic); the trainer saves and restores them.
     """
@@ -44,6 +49,11 @@ class GradientAttack(Protocol):
 
 #: ``poison(labels, num_classes) -> labels``: relabels a Byzantine worker's batch (same shape).
 LabelPoison = Callable[[torch.Tensor, int], torch.Tensor]
+
+#: ``poison(x, y, num_classes, index) -> (x, y)``: poisons a Byzantine worker's whole batch (inputs
+#: and labels, same shapes and dtypes; e.g. a backdoor trigger); ``index`` is the worker's position
+#: among the Byzantine ranks (``0 .. f - 1``, e.g. which part of a distributed trigger it stamps).
+BatchPoison = Callable[[torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _hidden_state(fn: Any) -> Any:
@@ -72,6 +82,10 @@ class ByzantineBehaviour:
         ranks: the Byzantine workers' ranks (distinct, in ``[0, n)``).
         gradient_fn: a :class:`GradientAttack` replacing their submissions, or ``None``.
         poison_fn: a :data:`LabelPoison` applied to their batches' labels, or ``None``.
+        batch_poison_fn: a :data:`BatchPoison` applied to their batches (inputs and labels, after
+            ``poison_fn`` when both are set), or ``None``. A data attack may set it together with
+            ``gradient_fn``, which then gets the gradients on the poisoned batches as ``own``
+            (e.g. model replacement boosts them).
         start_step: they behave honestly before this step id.
         seed: seed of the generator handed to ``gradient_fn`` (the same on every Byzantine rank,
             so colluding workers craft the same rows in every process).
@@ -79,12 +93,14 @@ class ByzantineBehaviour:
         needs_exchange: ``gradient_fn`` reads the honest rows' or the Byzantine workers' own
             values. ``False`` (attacks that know nothing, e.g. Gaussian noise) skips the exchange:
             ``gradient_fn`` then gets zeros of the honest rows' shape and ``own=None``.
+        needs_parameters: ``gradient_fn`` reads the current model: the trainer passes
+            ``parameters=`` (see :class:`GradientAttack`). Default ``False``.
 
     Raises:
         ConfigError: duplicate or negative ranks, neither callable given while ``ranks`` is
-            non-empty, or ``gradient_fn`` is a function (lambda, closure, bound method, partial)
-            over a stateful attack without a ``state_dict`` of its own (its state would silently
-            be missing from checkpoints; wrap the attack in
+            non-empty (``batch_poison_fn`` counts), or ``gradient_fn`` is a function (lambda,
+            closure, bound method, partial) over a stateful attack without a ``state_dict`` of its
+            own (its state would silently be missing from checkpoints; wrap the attack in
             :class:`~robustagg.training.AttackAdapter`).
 
     Note:
@@ -102,13 +118,16 @@ class ByzantineBehaviour:
     seed: int = 0
     name: str = "byzantine"
     needs_exchange: bool = True
+    batch_poison_fn: Optional[BatchPoison] = None
+    needs_parameters: bool = False
 
     def __post_init__(self) -> None:
         self.ranks = tuple(sorted(int(r) for r in self.ranks))
         if len(set(self.ranks)) != len(self.ranks) or any(r < 0 for r in self.ranks):
             raise ConfigError(f"Byzantine ranks must be distinct non-negative ints; got {list(self.ranks)}.")
-        if self.ranks and self.gradient_fn is None and self.poison_fn is None:
-            raise ConfigError("ByzantineBehaviour needs gradient_fn or poison_fn when ranks is non-empty.")
+        if self.ranks and self.gradient_fn is None and self.poison_fn is None and self.batch_poison_fn is None:
+            raise ConfigError("ByzantineBehaviour needs gradient_fn, poison_fn or batch_poison_fn when ranks is "
+                              "non-empty.")
         hidden = _hidden_state(self.gradient_fn)
         if hidden is not None:
             raise ConfigError(f"gradient_fn wraps {type(hidden).__name__}, which has state (state_dict), but "

@@ -6,8 +6,8 @@ bit-identical parameters for the same seed.
 
 Step (every process)::
 
-    for each hosted worker r:   batch <- shard_r (sampler position) ; labels poisoned if r is
-                                Byzantine under a data attack ; g_r <- grad of the loss, flattened
+    for each hosted worker r:   batch <- shard_r (sampler position) ; labels (or the whole batch)
+                                poisoned if r is Byzantine under a data attack ; g_r <- grad of the loss, flattened
                                 over the whole model ; worker momentum m_r <- b m_r + (1 - b) g_r
     announce: header exchange (step, collective number, d, dtype, previous aggregate digest)
     if a gradient attack is active: all-gather every g (omniscient attackers see this step's
@@ -259,6 +259,9 @@ class Trainer:
             if r in byz_ranks and byz is not None and byz.poison_fn is not None:
                 x, y = batch
                 batch = (x, byz.poison_fn(y, self.num_classes))
+            if r in byz_ranks and byz is not None and byz.batch_poison_fn is not None:
+                x, y = batch
+                batch = byz.batch_poison_fn(x, y, self.num_classes, byz_ranks.index(r))
             torch.set_rng_state(self.worker_rng[r])
             g, loss = self._gradient(batch)
             self.worker_rng[r] = torch.get_rng_state()
@@ -288,7 +291,12 @@ class Trainer:
                 g0 = next(iter(subs.values()))
                 honest_rows, own = g0.new_zeros((len(honest), g0.numel())), None
             if mine:
-                rows = byz.gradient_fn(honest_rows, len(byz_ranks), own, self.attack_generator)
+                if byz.needs_parameters:  # the current model (every worker holds it); see GradientAttack
+                    w = flatten([p.detach() for p in self.params])
+                    model_aware: Any = byz.gradient_fn
+                    rows = model_aware(honest_rows, len(byz_ranks), own, self.attack_generator, parameters=w)
+                else:
+                    rows = byz.gradient_fn(honest_rows, len(byz_ranks), own, self.attack_generator)
                 d = honest_rows.shape[1]
                 if tuple(rows.shape) != (len(byz_ranks), d):
                     raise ShapeError(f"the attack {byz.name!r} returned shape {tuple(rows.shape)}; expected "
