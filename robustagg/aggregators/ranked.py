@@ -101,8 +101,8 @@ class MoNNA(Aggregator):
             (at the call).
 
     Note:
-        Not permutation invariant: the trusted row is chosen by position. Distances are summed in
-        float64 from the per-coordinate differences (one pass over ``x``, no Gram matrix).
+        Not permutation invariant: the trusted row is chosen by position. Distances come from the
+        float64 Gram matrix of the rows, as for Krum and NNM (:mod:`robustagg.functional.distance`).
 
     Example:
         >>> import torch, robustagg as ra
@@ -112,6 +112,7 @@ class MoNNA(Aggregator):
     """
 
     display_name = "MoNNA"
+    gram_checks_finite = True
     paper = "Farhadkhani et al., ICML 2023"
     permutation_invariant = False
     selects_rows = True

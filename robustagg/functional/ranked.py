@@ -1,16 +1,18 @@
 """Rules that rank the rows by one number and average the best ``n - f``: CGE and MoNNA.
 
-CGE ranks by the row norm (origin-centred), MoNNA by the distance to one trusted row. Both need
-one float64 statistic per row, computed by column chunks in one pass over ``x`` (no ``(n, d)``
-float64 copy, no ``(n, n, d)`` temporary), then :func:`~robustagg.functional.distance.mean_of_rows`
-(one more read of ``x``).
+CGE ranks by the row norm (origin-centred; :func:`~robustagg.functional.preagg.row_norms`, float64
+by column chunks), MoNNA by the distance to one trusted row (one row of
+:func:`~robustagg.functional.distance.pairwise_sq_distances`, from the float64 Gram pass: about 2x
+the mean's time at n = 20, against 8x for per-coordinate float64 differences). Neither forms an
+``(n, d)`` float64 copy or an ``(n, n, d)`` temporary; the output is
+:func:`~robustagg.functional.distance.mean_of_rows` (one more read of ``x``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .distance import _row_sq_dist_to, mean_of_rows
+from .distance import mean_of_rows, pairwise_sq_distances
 from .preagg import row_norms
 
 __all__ = ["cge_select", "cge", "monna_select", "monna"]
@@ -43,9 +45,10 @@ def cge(x: torch.Tensor, f: int) -> torch.Tensor:
 def monna_select(x: torch.Tensor, f: int, trusted: int) -> torch.Tensor:
     """Indices of the ``n - f`` rows nearest to row ``trusted``, the trusted row itself first.
 
-    Squared distances ``||x_i - x_t||^2`` are summed in float64 from per-coordinate differences
-    (exact zero for a bitwise copy of the trusted row). The trusted row is always kept; the other
-    ``n - f - 1`` are the nearest among the rest, lowest index first on equal distances.
+    Squared distances ``||x_i - x_t||^2`` come from :func:`pairwise_sq_distances` (float64 Gram
+    matrix, centred when the rows are near-identical; exactly zero for a bitwise copy of the
+    trusted row). The trusted row is always kept; the other ``n - f - 1`` are the nearest among the
+    rest, lowest index first on equal distances.
 
     Args:
         x: ``(n, d)`` finite floating rows; ``0 <= f < n``.
@@ -56,7 +59,7 @@ def monna_select(x: torch.Tensor, f: int, trusted: int) -> torch.Tensor:
         ``(n - f,)`` long tensor of row indices on ``x.device``.
     """
     n = x.shape[0]
-    dist = _row_sq_dist_to(x, x[trusted].to(torch.float64))
+    dist = pairwise_sq_distances(x)[trusted].clone()
     dist[trusted] = -1.0  # the trusted row first, whatever its ties
     return torch.sort(dist, stable=True).indices[:n - f]
 
