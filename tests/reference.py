@@ -357,8 +357,22 @@ def caf(x, f: int) -> np.ndarray:
     return best
 
 
+def _rank_with_ties(scores: list, rtol: float = 1e-9) -> list:
+    """Indices by score; consecutive sorted scores within rtol * max|score| tie, ties by lowest index."""
+    order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
+    tol = rtol * max(abs(v) for v in scores)
+    runs, run = [], 0
+    for a, b in zip([None] + order[:-1], order):
+        if a is not None and scores[b] - scores[a] > tol:
+            run += 1
+        runs.append(run)
+    return [i for _, i in sorted(zip(runs, order))]
+
+
 def dnc(x, f: int, coordinate_sets: list, c: float = 1.0) -> np.ndarray:
     """DnC with the given coordinate subsets: numpy SVD of each centred submatrix, drop floor(c f) top scores.
+
+    Scores equal to within 1e-9 of the largest tie (lowest index kept first), as in the library.
 
     Rows kept in every round are averaged; when none is, the rows kept in the most rounds.
     """
@@ -371,7 +385,7 @@ def dnc(x, f: int, coordinate_sets: list, c: float = 1.0) -> np.ndarray:
         centred = sub - mean(sub)
         _, _, vt = np.linalg.svd(centred, full_matrices=False)
         scores = [float(np.dot(row, vt[0])) ** 2 for row in centred]
-        for i in sorted(range(n), key=lambda i: (scores[i], i))[:n - r]:
+        for i in _rank_with_ties(scores)[:n - r]:
             count[i] += 1
     top = max(count)
     return mean(x64[[i for i in range(n) if count[i] == top]])

@@ -231,3 +231,13 @@ def test_new_rules_are_registered_documented_and_exported():
         assert name in ra.available() and ra.lookup(name) is cls
         assert ra.get(name, f=1).requirement.check(3, 1) == [] and ra.get(name, f=1).requirement.check(2, 1)
         assert math.isnan(cls(f=1).requirement.kappa_bound(5, 1))  # no kappa bound recorded
+
+
+def test_dnc_exact_ties_go_to_the_lower_index_whatever_the_rounding():
+    # x = 0, 2, 1, 3: scores 2.25, 0.25, 0.25, 2.25 in exact arithmetic; rows 0 and 3 tie for the
+    # drop, and the higher index goes (mean of 0, 2, 1 = 1), even when the eigenvector's rounding
+    # makes u_0^2 exceed u_3^2 (seen in float32).
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor([[0.0], [2.0], [1.0], [3.0]], dtype=dtype)
+        assert ra.DnC(f=1)(x).item() == 1.0
+    assert S.rank_with_ties(torch.tensor([2.25, 0.25, 0.25 + 1e-15, 2.25 - 1e-15], dtype=F64)).tolist() == [1, 2, 0, 3]

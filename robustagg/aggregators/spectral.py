@@ -171,6 +171,8 @@ class DnC(Aggregator):
 
     Note:
         Every call advances the generator (fresh coordinates each step); :meth:`reset` re-seeds it.
+        Scores within ``1e-9`` of a round's largest score count as tied, lowest index kept first
+        (:func:`~robustagg.functional.spectral.rank_with_ties`).
         The default ``sub_dim``, ``iterations`` and ``c`` are this library's choice (the paper leaves
         them as parameters).
 

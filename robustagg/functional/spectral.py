@@ -29,10 +29,12 @@ from .distance import mean_of_rows
 from .gram import gram, robust_gram
 
 __all__ = ["top_eigenpair", "smea_select", "smea", "caf_weights", "caf", "dnc_coordinates", "dnc_scores",
-           "dnc_select", "dnc"]
+           "dnc_select", "dnc", "rank_with_ties"]
 
+#: DnC scores closer than this fraction of the largest score are ties (lowest index first).
+DNC_TIE_RTOL = 1e-9
 #: Subsets per batched eigenvalue call of SMEA.
-SMEA_BATCH = 4096
+SMEA_BATCH = 1024
 
 
 def top_eigenpair(m: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -153,17 +155,18 @@ def dnc_coordinates(d: int, b: int, generator: torch.Generator) -> torch.Tensor:
     """``min(b, d)`` distinct coordinates of ``range(d)``, uniformly at random, sorted (CPU long).
 
     When ``4b >= d`` the first ``b`` entries of ``torch.randperm(d, generator=generator)``; otherwise
-    rounds of ``torch.randint`` draws, keeping the distinct values in order of first draw, until
-    ``b`` are found (no ``(d,)`` permutation for ``d = 1e7``). Deterministic given the generator state.
+    rounds of ``b - found`` ``torch.randint`` draws merged with the values found so far, until ``b``
+    are distinct (a uniformly random ``b``-subset: draws with replacement, duplicates rejected),
+    without the ``(d,)`` permutation (80 MB at ``d = 1e7``). Deterministic given the generator state.
     """
     b = min(b, d)
     if 4 * b >= d:
         return torch.sort(torch.randperm(d, generator=generator)[:b]).values
-    seen: dict[int, None] = {}
-    while len(seen) < b:
-        for v in torch.randint(0, d, (b - len(seen),), generator=generator).tolist():
-            seen.setdefault(v, None)
-    return torch.sort(torch.tensor(list(seen)[:b], dtype=torch.long)).values
+    found = torch.empty(0, dtype=torch.long)
+    while found.numel() < b:
+        draws = torch.randint(0, d, (b - found.numel(),), generator=generator)
+        found = torch.unique(torch.cat([found, draws]))  # sorted, distinct, at most b values
+    return found
 
 
 def dnc_scores(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -179,13 +182,30 @@ def dnc_scores(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     return lam * u * u
 
 
+def rank_with_ties(scores: torch.Tensor, rtol: float = DNC_TIE_RTOL) -> torch.Tensor:
+    """Row indices by increasing score, where scores within ``rtol * max|score|`` of their neighbour tie.
+
+    Sorted scores are cut into runs wherever consecutive values differ by more than the tolerance;
+    inside a run rows are ordered by index. Exact ties in exact arithmetic (symmetric inputs) are
+    thus broken by the lowest index whatever the rounding of the eigenvector, as every other rule
+    here breaks ties.
+    """
+    order = torch.sort(scores, stable=True).indices
+    s = scores[order]
+    tol = rtol * float(s.abs().max()) if s.numel() else 0.0
+    run = torch.zeros_like(order)
+    run[1:] = torch.cumsum((s[1:] - s[:-1] > tol).long(), dim=0)
+    n = scores.numel()
+    return order[torch.argsort(run * n + order)]
+
+
 def dnc_select(x: torch.Tensor, f: int, b: int, iterations: int, c: float,
                generator: torch.Generator) -> torch.Tensor:
     """Rows DnC keeps (Shejwalkar & Houmansadr, NDSS 2021, Algorithm 2), as an increasing long tensor.
 
     Each of the ``iterations`` rounds draws ``b`` coordinates (:func:`dnc_coordinates`), scores the
     rows (:func:`dnc_scores`) and keeps the ``n - r`` lowest scores, ``r = min(floor(c f), n - 1)``
-    (lowest index first on ties). The result is the intersection of the kept sets; when it is empty,
+    (lowest index first on ties, :func:`rank_with_ties`). The result is the intersection of the kept sets; when it is empty,
     the rows kept in the most rounds (see ``docs/conventions.md``).
     """
     n, d = x.shape
@@ -193,7 +213,7 @@ def dnc_select(x: torch.Tensor, f: int, b: int, iterations: int, c: float,
     count = torch.zeros(n, dtype=torch.long)
     for _ in range(iterations):
         scores = dnc_scores(x, dnc_coordinates(d, b, generator)).cpu()
-        count[torch.sort(scores, stable=True).indices[:n - r]] += 1
+        count[rank_with_ties(scores)[:n - r]] += 1
     return torch.nonzero(count == count.max()).flatten()
 
 
