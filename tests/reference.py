@@ -350,7 +350,8 @@ def caf(x, f: int) -> np.ndarray:
         tau_max = max(tau[i] for i in range(n) if c[i] > 0)
         if not tau_max > 0.0:
             break
-        c = np.maximum(c * (1.0 - tau / tau_max), 0.0)
+        c = c * (1.0 - tau / tau_max)
+        c[c <= 1e-9] = 0.0  # rows tied with tau_max go, as in the library
         if not c.sum() > n - 2 * f:
             break
     assert best is not None

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import reference as R
+from rule_db import make_input
 import robustagg as ra
 from robustagg.functional import spectral as S
 
@@ -241,3 +242,14 @@ def test_dnc_exact_ties_go_to_the_lower_index_whatever_the_rounding():
         x = torch.tensor([[0.0], [2.0], [1.0], [3.0]], dtype=dtype)
         assert ra.DnC(f=1)(x).item() == 1.0
     assert S.rank_with_ties(torch.tensor([2.25, 0.25, 0.25 + 1e-15, 2.25 - 1e-15], dtype=F64)).tolist() == [1, 2, 0, 3]
+
+
+def test_caf_zeroes_every_copy_of_the_farthest_row():
+    # The seed-found case: duplicated rows tied for the largest tau. Rounding in the Gram space
+    # left one copy a weight ~1e-16, which then set tau_max for the next step; all copies must go.
+    rng = np.random.default_rng(12345)
+    for _ in range(200):
+        f = int(rng.integers(0, 3))
+        n = int(rng.integers(2 * f + 1, 2 * f + 7))
+        x = torch.tensor(make_input("dups", n, 1, f, int(rng.integers(0, 2**32))))
+        assert np.allclose(ra.CAF(f=f)(x).numpy(), R.caf(x, f), rtol=0, atol=1e-12 * (1 + float(x.abs().max())))

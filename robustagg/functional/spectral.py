@@ -33,6 +33,9 @@ __all__ = ["top_eigenpair", "smea_select", "smea", "caf_weights", "caf", "dnc_co
 
 #: DnC scores closer than this fraction of the largest score are ties (lowest index first).
 DNC_TIE_RTOL = 1e-9
+#: CAF weights (which start at 1) at or below this are set to 0: a row tied with the largest tau is
+#: zeroed even when rounding leaves it ``1 - tau_i / tau_max = 1e-16``.
+CAF_ZERO = 1e-9
 #: Subsets per batched eigenvalue call of SMEA.
 SMEA_BATCH = 1024
 
@@ -107,7 +110,8 @@ def caf_weights(g: torch.Tensor, f: int) -> torch.Tensor:
     weighted mean ``mu_c = sum c_i x_i / sum c``, the top eigenpair ``(lam, v)`` of the weighted
     covariance ``Sigma_c = sum c_i (x_i - mu_c)(x_i - mu_c)^T / sum c``, and remember ``mu_c`` if ``lam``
     is the smallest seen so far; then ``tau_i = <x_i - mu_c, v>^2`` and
-    ``c_i <- c_i (1 - tau_i / max_{j: c_j > 0} tau_j)``, which zeroes at least one row. Iterate while
+    ``c_i <- c_i (1 - tau_i / max_{j: c_j > 0} tau_j)``, which zeroes at least one row (weights at or
+    below :data:`CAF_ZERO` become 0, so that rows tied with the largest ``tau`` all go). Iterate while
     ``sum c > n - 2f`` (the first iterate, the plain mean, is always a candidate) and stop early when
     ``lam = 0``. At most ``n`` iterates.
 
@@ -135,7 +139,8 @@ def caf_weights(g: torch.Tensor, f: int) -> torch.Tensor:
         tau_max = float(tau[c > 0].max())
         if not tau_max > 0.0:
             break
-        c = (c * (1.0 - tau / tau_max)).clamp_(min=0.0)
+        c = c * (1.0 - tau / tau_max)
+        c[c <= CAF_ZERO] = 0.0
         if not float(c.sum()) > n - 2 * f:
             break
     return best_w
