@@ -253,3 +253,17 @@ def test_caf_zeroes_every_copy_of_the_farthest_row():
         n = int(rng.integers(2 * f + 1, 2 * f + 7))
         x = torch.tensor(make_input("dups", n, 1, f, int(rng.integers(0, 2**32))))
         assert np.allclose(ra.CAF(f=f)(x).numpy(), R.caf(x, f), rtol=0, atol=1e-12 * (1 + float(x.abs().max())))
+
+
+@pytest.mark.parametrize("d,b", [(50, 5), (1000, 100)], ids=["randperm", "randint"])
+def test_dnc_coordinates_are_uniform(d, b):
+    # Each coordinate is drawn with probability b/d; over 4000 seeded draws the frequencies stay
+    # within 5 binomial standard deviations (a sampler favouring small indices fails this).
+    gen = torch.Generator().manual_seed(0)
+    count = torch.zeros(d)
+    for _ in range(4000):
+        count[S.dnc_coordinates(d, b, gen)] += 1
+    p = b / d
+    sd = math.sqrt(p * (1 - p) / 4000)
+    freq = count / 4000
+    assert float((freq - p).abs().max()) < 5 * sd, (float(freq.min()), float(freq.max()))

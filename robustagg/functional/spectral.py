@@ -159,19 +159,20 @@ def caf(x: torch.Tensor, f: int) -> torch.Tensor:
 def dnc_coordinates(d: int, b: int, generator: torch.Generator) -> torch.Tensor:
     """``min(b, d)`` distinct coordinates of ``range(d)``, uniformly at random, sorted (CPU long).
 
-    When ``4b >= d`` the first ``b`` entries of ``torch.randperm(d, generator=generator)``; otherwise
-    rounds of ``b - found`` ``torch.randint`` draws merged with the values found so far, until ``b``
-    are distinct (a uniformly random ``b``-subset: draws with replacement, duplicates rejected),
-    without the ``(d,)`` permutation (80 MB at ``d = 1e7``). Deterministic given the generator state.
+    When ``4b >= d`` the first ``b`` entries of ``torch.randperm(d, generator=generator)``. Otherwise
+    ``torch.randint`` draws (about ``b + 2b^2/d``, topped up if needed) give a set of distinct
+    values whose law is invariant under relabelling the coordinates, and a uniform ``b``-subset of
+    that set (``randperm`` of its size) is therefore a uniform ``b``-subset of ``range(d)``; no
+    ``(d,)`` permutation is formed (80 MB at ``d = 1e7``). Deterministic given the generator state.
     """
     b = min(b, d)
     if 4 * b >= d:
         return torch.sort(torch.randperm(d, generator=generator)[:b]).values
-    found = torch.empty(0, dtype=torch.long)
+    found = torch.unique(torch.randint(0, d, (b + 2 * b * b // d + 64,), generator=generator))
     while found.numel() < b:
-        draws = torch.randint(0, d, (b - found.numel(),), generator=generator)
-        found = torch.unique(torch.cat([found, draws]))  # sorted, distinct, at most b values
-    return found
+        found = torch.unique(torch.cat([found, torch.randint(0, d, (b,), generator=generator)]))
+    pick = torch.randperm(found.numel(), generator=generator)[:b]
+    return torch.sort(found[pick]).values
 
 
 def dnc_scores(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
