@@ -267,3 +267,31 @@ def test_dnc_coordinates_are_uniform(d, b):
     sd = math.sqrt(p * (1 - p) / 4000)
     freq = count / 4000
     assert float((freq - p).abs().max()) < 5 * sd, (float(freq.min()), float(freq.max()))
+
+
+def test_smea_bounds_are_lower_bounds():
+    rng = np.random.default_rng(21)
+    for kind in ("gauss", "outliers", "dups"):
+        x = make_input(kind, 9, 4, 3, int(rng.integers(0, 2**32)))
+        g = ra.functional.gram.robust_gram(torch.tensor(x))
+        left = torch.combinations(torch.arange(9), r=3)
+        kept, ind = S._kept(left, 9)
+        lb = S._smea_lower_bounds(g, ind, 6)
+        for s, bound in zip(kept.tolist(), lb.tolist()):
+            assert bound <= R.top_direction(x[s])[1] * (1 + 1e-12) + 1e-300, (kind, s)
+
+
+def test_smea_pruning_skips_subsets_with_a_far_row(monkeypatch):
+    # Two far rows: every subset holding one has a bound above the best clean subset's value, so
+    # far fewer than C(10, 2) = 45 eigenvalue problems are solved; the answer is the exhaustive one.
+    monkeypatch.setattr(S, "SMEA_BATCH", 1)
+    calls = []
+    real = torch.linalg.eigvalsh
+    monkeypatch.setattr(torch.linalg, "eigvalsh", lambda m: calls.append(1) or real(m))
+    x = make_input("gauss", 10, 5, 0, 4)
+    big = 1e3 * float(np.abs(x).max())
+    x[3] += big
+    x[8] -= big
+    out = ra.SMEA(f=2)(torch.tensor(x))
+    assert np.allclose(out.numpy(), R.smea(x, 2), rtol=0, atol=1e-12)
+    assert 1 <= len(calls) < 45, len(calls)
