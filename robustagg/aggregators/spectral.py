@@ -28,9 +28,9 @@ class SMEA(Aggregator):
     (the lexicographically first on ties), and output its mean ``mu_S`` (Allouah, Guerraoui, Gupta,
     Pinot, Stephan, "On the privacy-robustness-utility trilemma in distributed learning", ICML 2023).
 
-    Requirement: ``n >= 2f + 1``. Cost: ``C(n, f)`` eigenvalue problems of size ``n - f`` on the
-    float64 ``(n, n)`` Gram matrix (exact, no power iteration, no ``(d, d)`` matrix). No kappa bound
-    is stated here.
+    Requirement: ``n >= 2f + 1``. Cost: up to ``C(n, f)`` eigenvalue problems of size ``n - f`` on
+    the float64 ``(n, n)`` Gram matrix (exact, no power iteration, no ``(d, d)`` matrix; subsets a
+    lower bound rules out are skipped). No kappa bound is stated here.
 
     Args:
         f: declared Byzantine bound.
