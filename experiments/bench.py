@@ -132,9 +132,62 @@ def _arc(x: torch.Tensor, f: int) -> torch.Tensor:
     return x * factor[:, None]
 
 
-def naive(spec: str, f: int, params: dict[str, Any]) -> Fn:
-    """The naive implementation of a rule or ``pre>...>rule`` spec."""
+# naive CAF, SMEA, MoNNA, CGE, DnC: (n, d) differences and one power step from a random vector
+def _power_step(diffs: torch.Tensor, c: torch.Tensor) -> tuple[float, torch.Tensor]:
+    v = torch.randn(diffs.shape[1], dtype=diffs.dtype)
+    v = v / torch.linalg.vector_norm(v)
+    s = (c[:, None] * diffs * (diffs @ v)[:, None]).sum(dim=0) / c.sum()
+    v = s / torch.linalg.vector_norm(s)
+    return float(v @ s), v
+
+
+def _caf(x: torch.Tensor, f: int) -> torch.Tensor:
+    n = x.shape[0]
+    c, best, best_lam = torch.ones(n, dtype=x.dtype), x.mean(dim=0), math.inf
+    for _ in range(n):
+        if not float(c.sum()) > n - 2 * f:
+            break
+        mu = (c[:, None] * x).sum(dim=0) / c.sum()
+        diffs = x - mu
+        lam, v = _power_step(diffs, c)
+        if lam < best_lam:
+            best, best_lam = mu, lam
+        tau = (diffs @ v) ** 2
+        c = c * (1 - tau / tau.max())
+    return best
+
+
+def _smea(x: torch.Tensor, f: int) -> torch.Tensor:
+    n = x.shape[0]
+    best, best_lam = tuple(range(n - f)), math.inf
+    for sub in itertools.combinations(range(n), n - f):
+        rows = x[list(sub)]
+        lam, _ = _power_step(rows - rows.mean(dim=0), torch.ones(len(sub), dtype=x.dtype))
+        if lam < best_lam:
+            best, best_lam = sub, lam
+    return x[list(best)].mean(dim=0)
+
+
+def _dnc(x: torch.Tensor, f: int, b: int, iters: int) -> torch.Tensor:
+    n, d = x.shape
+    good = set(range(n))
+    for _ in range(iters):
+        sub = x[:, torch.randperm(d)[:min(b, d)]]
+        centred = sub - sub.mean(dim=0)
+        v = torch.linalg.svd(centred, full_matrices=False).Vh[0]
+        good &= set(torch.argsort((centred @ v) ** 2)[:n - f].tolist())
+    return x[sorted(good)].mean(dim=0)
+
+
+#: Largest C(n, f) for which the naive SMEA (one power step per subset on the (n - f, d) rows) is timed.
+NAIVE_SMEA_MAX_SUBSETS = 500
+
+
+def naive(spec: str, f: int, params: dict[str, Any], n: int = 0) -> Fn | None:
+    """The naive implementation of a rule or ``pre>...>rule`` spec (``None``: too slow to time at ``n``)."""
     *pre, rule = spec.split(">")
+    if rule == "smea" and math.comb(n, f) > NAIVE_SMEA_MAX_SUBSETS:
+        return None
     rules: dict[str, Fn] = {
         "mean": lambda x: x.mean(dim=0),
         "coordinate_median": _median,
@@ -147,6 +200,12 @@ def naive(spec: str, f: int, params: dict[str, Any]) -> Fn:
         "geometric_median": lambda x: _weiszfeld(x, params.get("max_iter", 100), params.get("nu", 1e-6)),
         "centered_clipping": lambda x: _cclip(x, params.get("tau", 10.0), params.get("iterations", 3)),
         "mda": lambda x: _mda(x, f),
+        "caf": lambda x: _caf(x, f),
+        "smea": lambda x: _smea(x, f),
+        "monna": lambda x: x[torch.argsort(torch.linalg.vector_norm(x - x[params.get("trusted", 0)], dim=1))
+                             [:x.shape[0] - f]].mean(dim=0),
+        "cge": lambda x: x[torch.argsort(torch.linalg.vector_norm(x, dim=1))[:x.shape[0] - f]].mean(dim=0),
+        "dnc": lambda x: _dnc(x, f, params.get("sub_dim", 10_000), params.get("iterations", 5)),
     }
     maps: dict[str, Fn] = {"nnm": lambda x: _nnm(x, f), "bucketing": lambda x: _bucket(x, 2),
                            "clipping": lambda x: _clip(x, 1.0), "arc": lambda x: _arc(x, f)}
@@ -259,8 +318,8 @@ def bench_point(cfg: DictConfig, n: int, d: int) -> list[dict[str, Any]]:
         mean_ms, rule_ms, kernel_ms = (statistics.median(t) for t in (t_mean, t_rule, t_kernel))
         row.update(median_ms=rule_ms, ratio_to_mean=rule_ms / mean_ms, kernel_ms=kernel_ms,
                    kernel_ratio_to_mean=kernel_ms / mean_ms, mean_ms=mean_ms)
-        if cfg.naive:
-            ref = naive(spec, f, kw)
+        ref = naive(spec, f, kw, n) if cfg.naive else None
+        if ref is not None:
             naive_ms = statistics.median(_timed(lambda: ref(x), clock, device) for _ in range(int(cfg.naive_repeats)))
             row.update(naive_ms=naive_ms, speedup_vs_naive=naive_ms / rule_ms)
         if cfg.memory:

@@ -40,7 +40,8 @@ END = "<!-- END GENERATED TABLE -->"
 REFERENCE_N, REFERENCE_F = 11, 2
 
 #: Time per call of each registered name, as the library computes it today (n rows, d coordinates).
-#: T = max_iter (geometric median), L = iterations (centered clipping). Coordinate-wise order
+#: T = max_iter (geometric median), L = iterations (centered clipping); for DnC T = iterations and
+#: b = sub_dim; CAF runs at most n filter steps, each an (n, n) eigendecomposition. Coordinate-wise order
 #: statistics run a pruned sorting network (O(n log² n) comparators per column), not a sort.
 COST: dict[str, str] = {
     "mean": "O(nd)",
@@ -53,6 +54,11 @@ COST: dict[str, str] = {
     "geometric_median": "O(n²d + T·n²)",
     "centered_clipping": "O(n²d + L·n²)",
     "mda": "O(n²d + C(n, f)·(n − f)²)",
+    "caf": "O(n²d + n⁴)",
+    "smea": "O(n²d + C(n, f)·(n − f)³)",
+    "monna": "O(nd + n log n)",
+    "cge": "O(nd + n log n)",
+    "dnc": "O(nd + T·(n²b + n³))",
     "nnm": "O(n²d + n² log n)",
     "bucketing": "O(nd)",
     "clipping": "O(nd)",

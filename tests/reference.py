@@ -20,7 +20,7 @@ import numpy as np
 __all__ = ["as64", "mean", "coordinate_median", "trimmed_mean", "meamed", "sq_dist", "dist_matrix",
            "krum_scores", "krum_index", "krum", "multi_krum", "bulyan_indices", "bulyan", "gm_objective",
            "weiszfeld", "geometric_median", "centered_clipping", "mda", "nnm", "bucketing", "clipping", "arc",
-           "variance", "kappa_hat", "REFERENCES"]
+           "variance", "kappa_hat", "cge", "monna", "top_direction", "smea", "caf", "dnc", "REFERENCES"]
 
 
 def as64(x) -> np.ndarray:
@@ -286,6 +286,112 @@ def kappa_hat(output, honest) -> float:
     return sq_dist(as64(output), mean(honest)) / variance(honest)
 
 
+# --- norm/distance ranking and covariance-based rules (CGE, MoNNA, SMEA, CAF, DnC) ------------------------
+def cge(x, f: int) -> np.ndarray:
+    """Mean of the n - f rows of smallest norm (lowest index first on equal norms)."""
+    x64 = as64(x)
+    n = x64.shape[0]
+    norms = [_norm(row) for row in x64]
+    kept = sorted(range(n), key=lambda i: (norms[i], i))[:n - f]
+    return mean(x64[sorted(kept)])
+
+
+def monna(x, f: int, trusted: int = 0) -> np.ndarray:
+    """Mean of the trusted row and the n - f - 1 other rows nearest to it (lowest index on ties)."""
+    x64 = as64(x)
+    n = x64.shape[0]
+    others = sorted((j for j in range(n) if j != trusted), key=lambda j: (sq_dist(x64[j], x64[trusted]), j))
+    return mean(x64[sorted([trusted] + others[:n - f - 1])])
+
+
+def top_direction(rows: np.ndarray, weights: Optional[np.ndarray] = None) -> tuple[np.ndarray, float, np.ndarray]:
+    """(mu, lam, v): weighted mean, top eigenvalue and unit top eigenvector of the weighted covariance.
+
+    ``Sigma = sum_i w_i (x_i - mu)(x_i - mu)^T / sum w`` is ``A^T A`` with ``A`` the rows
+    ``sqrt(w_i / sum w) (x_i - mu)``; its top eigenpair comes from numpy's SVD of ``A`` (``lam = s_0^2``,
+    ``v`` the first right singular vector), never from the rows' Gram matrix.
+    """
+    w = np.ones(rows.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    mu = np.zeros(rows.shape[1])
+    for wi, row in zip(w, rows):
+        mu = mu + wi * row
+    a = np.sqrt(w)[:, None] * (rows - mu)
+    _, sv, vt = np.linalg.svd(a, full_matrices=False)
+    return mu, float(sv[0]) ** 2, vt[0]
+
+
+def smea(x, f: int) -> np.ndarray:
+    """Mean of the n - f rows whose covariance has the smallest top eigenvalue (first subset on ties)."""
+    x64 = as64(x)
+    n = x64.shape[0]
+    best, best_val = None, math.inf
+    for subset in itertools.combinations(range(n), n - f):
+        _, lam, _ = top_direction(x64[list(subset)])
+        if lam < best_val:
+            best, best_val = subset, lam
+    assert best is not None
+    return mean(x64[list(best)])
+
+
+def caf(x, f: int) -> np.ndarray:
+    """CAF with the covariance eigenpairs from numpy SVD (:func:`top_direction`), the loop of docs/conventions.md."""
+    x64 = as64(x)
+    n = x64.shape[0]
+    c = np.ones(n)
+    best, best_lam = None, math.inf
+    while True:
+        mu, lam, v = top_direction(x64, c)
+        if lam < best_lam:
+            best, best_lam = mu, lam
+        if lam <= 0.0 or not c.sum() > n - 2 * f:
+            break
+        tau = np.array([float(np.dot(row - mu, v)) ** 2 for row in x64])
+        tau_max = max(tau[i] for i in range(n) if c[i] > 0)
+        if not tau_max > 0.0:
+            break
+        c = c * (1.0 - tau / tau_max)
+        c[c <= 1e-9] = 0.0  # rows tied with tau_max go, as in the library
+        if not c.sum() > n - 2 * f:
+            break
+    assert best is not None
+    return best
+
+
+def _rank_with_ties(scores: list, rtol: float = 1e-9) -> list:
+    """Indices by score; consecutive sorted scores within rtol * max|score| tie, ties by lowest index."""
+    order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
+    tol = rtol * max(abs(v) for v in scores)
+    runs, run = [], 0
+    for a, b in zip([None] + order[:-1], order):
+        if a is not None and scores[b] - scores[a] > tol:
+            run += 1
+        runs.append(run)
+    return [i for _, i in sorted(zip(runs, order))]
+
+
+def dnc(x, f: int, coordinate_sets: list, c: float = 1.0) -> np.ndarray:
+    """DnC with the given coordinate subsets: numpy SVD of each centred submatrix, drop floor(c f) top scores.
+
+    Scores equal to within 1e-9 of the largest tie (lowest index kept first), as in the library.
+
+    Rows kept in every round are averaged; when none is, the rows kept in the most rounds.
+    """
+    x64 = as64(x)
+    n = x64.shape[0]
+    r = min(math.floor(c * f), n - 1)
+    count = [0] * n
+    for cols in coordinate_sets:
+        sub = x64[:, list(cols)]
+        centred = sub - mean(sub)
+        _, _, vt = np.linalg.svd(centred, full_matrices=False)
+        scores = [float(np.dot(row, vt[0])) ** 2 for row in centred]
+        for i in _rank_with_ties(scores)[:n - r]:
+            count[i] += 1
+    top = max(count)
+    return mean(x64[[i for i in range(n) if count[i] == top]])
+
+
 #: name -> reference ``(x, **params) -> (d,)`` for rules (maps are called directly).
 REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "mean": lambda x, f=0: mean(x),
@@ -296,4 +402,8 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "multi_krum": multi_krum,
     "bulyan": bulyan,
     "mda": mda,
+    "cge": cge,
+    "monna": monna,
+    "smea": smea,
+    "caf": caf,
 }

@@ -158,6 +158,26 @@ def _mda_tie_objective(x, f: int, z) -> float:
                 for c in _subsets_with_mean(x, n - f, z)), default=math.inf)
 
 
+def _smea_tie_objective(x, f: int, z) -> float:
+    """Top covariance eigenvalue of the ``n - f`` rows whose mean is ``z`` (``inf`` if none)."""
+    x64 = R.as64(x)
+    return min((R.top_direction(x64[list(c)])[1]
+                for c in _subsets_with_mean(x, x64.shape[0] - f, z)), default=math.inf)
+
+
+DNC_SUB, DNC_ITERS = 2, 3  # a configuration whose rounds draw different coordinates when d > 2
+
+
+def _dnc_ref(x, f: int, sub_dim: int = 10_000, iterations: int = 5) -> np.ndarray:
+    """DnC's reference on the coordinates a fresh DnC (seed 0) draws (the sampler is shared, the math is not)."""
+    from robustagg.functional.spectral import dnc_coordinates
+
+    gen = torch.Generator().manual_seed(0)
+    d = R.as64(x).shape[1]
+    sets = [dnc_coordinates(d, sub_dim, gen).tolist() for _ in range(iterations)]
+    return R.dnc(x, f, sets)
+
+
 def _nnm_krum_score(x, f: int, z) -> float:
     """Krum score of ``z`` among the NNM-mixed rows of ``x`` (``inf`` if ``z`` is none of them)."""
     mixed = R.nnm(x, f)
@@ -215,6 +235,20 @@ RULES: list[RuleSpec] = [
              translation_equivariant=False, scale_equivariant=False, unanimous=False, paper_fragment="baseline"),
     RuleSpec("arc>trimmed_mean", reference=lambda x, f: R.trimmed_mean(R.arc(x, f), f), display="Trimmed mean",
              inequality="n >= 2f + 1", translation_equivariant=False, paper_fragment="Yin"),
+    # --- CAF, SMEA, MoNNA, CGE, DnC ---
+    RuleSpec("caf", reference=R.caf, display="CAF", inequality="n >= 2f + 1", honest_range=True,
+             paper_fragment="Allouah"),
+    RuleSpec("smea", reference=R.smea, display="SMEA", inequality="n >= 2f + 1", honest_range=True,
+             selects_rows="mean", max_n=13, paper_fragment="Allouah", tie_objective=_smea_tie_objective),
+    RuleSpec("monna", reference=lambda x, f: R.monna(x, f, 0), display="MoNNA", inequality="n >= 2f + 1",
+             selects_rows="mean", permutation_invariant=False, paper_fragment="Farhadkhani"),
+    RuleSpec("cge", reference=R.cge, display="CGE", inequality="n >= 2f + 1", honest_range=True,
+             selects_rows="mean", translation_equivariant=False, paper_fragment="Gupta"),
+    RuleSpec("dnc", reference=_dnc_ref, display="DnC", inequality="n >= 2f + 1", selects_rows="mean",
+             paper_fragment="Shejwalkar", fresh=True),
+    RuleSpec("dnc", kwargs={"sub_dim": DNC_SUB, "iterations": DNC_ITERS},
+             reference=lambda x, f: _dnc_ref(x, f, DNC_SUB, DNC_ITERS), display="DnC", inequality="n >= 2f + 1",
+             selects_rows="mean", paper_fragment="Shejwalkar", fresh=True),
 ]
 
 #: Test ids, unique per configuration.
@@ -340,6 +374,24 @@ ERROR_CASES: list[ErrorCase] = [
     ErrorCase("mda too many subsets", lambda: ra.MinimumDiameterAveraging(f=3, max_subsets=100)(_x(n=10)),
               ra.ConfigError, r"^MDA: C\(n=10, f=3\) = 120 subsets exceeds max_subsets=100; raise max_subsets or use "
                               r"a polynomial rule \(krum, nnm\)\.$"),
+    # CAF, SMEA, MoNNA, CGE, DnC
+    ErrorCase("smea max_subsets", lambda: ra.SMEA(max_subsets=0), ra.ConfigError,
+              r"^SMEA: max_subsets must be an integer >= 1; got 0\.$"),
+    ErrorCase("smea too many subsets", lambda: ra.SMEA(f=3, max_subsets=100)(_x(n=10)), ra.ConfigError,
+              r"^SMEA: C\(n=10, f=3\) = 120 subsets exceeds max_subsets=100; raise max_subsets or use a "
+              r"polynomial rule \(caf, dnc\)\.$"),
+    ErrorCase("monna trusted type", lambda: ra.MoNNA(trusted=-1), ra.ConfigError,
+              r"^MoNNA: trusted must be a non-negative row index; got -1\.$"),
+    ErrorCase("monna trusted beyond n", lambda: ra.MoNNA(f=1, trusted=7)(_x(n=7)), ra.ConfigError,
+              r"^MoNNA: trusted=7 is not a row index for n=7 submissions; pass trusted < n\.$"),
+    ErrorCase("dnc sub_dim", lambda: ra.DnC(sub_dim=0), ra.ConfigError,
+              r"^DnC: sub_dim must be an integer >= 1; got 0\.$"),
+    ErrorCase("dnc iterations", lambda: ra.DnC(iterations=1.5), ra.ConfigError,
+              r"^DnC: iterations must be an integer >= 1; got 1\.5\.$"),
+    ErrorCase("dnc c", lambda: ra.DnC(c=0.0), ra.ConfigError, r"^DnC: c must be a positive finite number; got 0\.0\.$"),
+    ErrorCase("dnc seed", lambda: ra.DnC(seed="0"), ra.ConfigError, r"^DnC: seed must be an int; got '0'\.$"),
+    ErrorCase("dnc foreign state", lambda: ra.DnC().load_state_dict({"rule": "bucketing"}), ra.ConfigError,
+              r"^DnC: cannot load state of rule 'bucketing'\.$"),
     ErrorCase("bucketing s", lambda: ra.Bucketing(s=0), ra.ConfigError, r"^Bucketing: s must be an integer >= 1; got 0\.$"),
     ErrorCase("clipping tau", lambda: ra.Clipping(tau=0.0), ra.ConfigError,
               r"^Clipping: tau must be a positive finite number; got 0\.0\.$"),

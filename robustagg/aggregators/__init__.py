@@ -5,6 +5,9 @@ from .coordinate import CoordinateWiseMedian, CoordinateWiseTrimmedMean, Mean, M
 from .geometric import CenteredClipping, GeometricMedian
 from .krum import Bulyan, Krum, MultiKrum
 from .mda import MinimumDiameterAveraging
+from .ranked import CGE, MoNNA
+from .spectral import CAF, SMEA, DnC
 
 __all__ = ["Aggregator", "Mean", "CoordinateWiseMedian", "CoordinateWiseTrimmedMean", "MeaMed", "Krum",
-           "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "MinimumDiameterAveraging"]
+           "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "MinimumDiameterAveraging",
+           "CAF", "SMEA", "MoNNA", "CGE", "DnC"]
