@@ -134,14 +134,18 @@ def _discard_rejected_run_dir() -> None:
 
 
 def _discard_hydra_dir(out: Path) -> None:
-    """Remove ``out`` (and an emptied date folder above it) if it holds only Hydra's own files."""
+    """Remove ``out`` if it holds only Hydra's own files, then the folders above it that this left
+    empty (``outputs/<date>/``, ``outputs/``), up to the working directory."""
     import shutil
 
-    if out.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in out.iterdir()):
-        shutil.rmtree(out, ignore_errors=True)
-        parent = out.parent  # the date folder of outputs/<date>/<time>, if now empty
-        if parent.name[:2] == "20" and parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()
+    if not (out.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in out.iterdir())):
+        return
+    shutil.rmtree(out, ignore_errors=True)
+    here = Path.cwd().resolve()
+    up = out.resolve().parent
+    while up != here and here in up.parents and up.is_dir() and not any(up.iterdir()):
+        up.rmdir()
+        up = up.parent
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
