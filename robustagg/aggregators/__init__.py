@@ -5,6 +5,10 @@ from .coordinate import CoordinateWiseMedian, CoordinateWiseTrimmedMean, Mean, M
 from .geometric import CenteredClipping, GeometricMedian
 from .krum import Bulyan, Krum, MultiKrum
 from .mda import MinimumDiameterAveraging
+# similarity-based rules (part 2)
+from .clustering import FLAME, ClippedClustering, SignGuard
+from .trust import FLTrust, FoolsGold
 
 __all__ = ["Aggregator", "Mean", "CoordinateWiseMedian", "CoordinateWiseTrimmedMean", "MeaMed", "Krum",
-           "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "MinimumDiameterAveraging"]
+           "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "MinimumDiameterAveraging",
+           "SignGuard", "ClippedClustering", "FLTrust", "FoolsGold", "FLAME"]
