@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -145,7 +144,7 @@ class FoolsGold(Aggregator):
 
     State: the ``(n, d)`` histories in the input's dtype (:meth:`state_dict`, checkpointed with the
     run; ``n d`` numbers). Row ``i`` must be the same worker at every call: when ``n`` changes
-    (a dropped row) the history restarts, with a warning, rather than mix workers up.
+    (a dropped row) the history restarts (counted in :attr:`restarts`) rather than mix workers up.
 
     Shape: ``(n, d) -> (d,)``.
 
@@ -176,6 +175,8 @@ class FoolsGold(Aggregator):
         super().__init__(f=f, strict=strict)
         self.kappa = positive_float(kappa, "kappa", "FoolsGold")
         self.history: torch.Tensor | None = None
+        #: Times the history restarted because ``n`` changed (a dropped or added row).
+        self.restarts = 0
 
     @property
     def requirement(self) -> Requirement:
@@ -188,15 +189,14 @@ class FoolsGold(Aggregator):
         if h.shape[1] != x.shape[1]:
             raise ConfigError(f"FoolsGold: stored history has d={h.shape[1]} but the submissions have d={x.shape[1]}; "
                               "call reset() when the model changes.")
-        if h.shape[0] != x.shape[0]:
-            warnings.warn(f"FoolsGold: {x.shape[0]} rows after a history of {h.shape[0]}; row i may no longer be "
-                          "worker i, so the history restarts.", RuntimeWarning, stacklevel=4)
+        if h.shape[0] != x.shape[0]:  # row i may no longer be worker i: restart rather than mix workers up
             return None
         return h
 
     def _aggregate(self, x: torch.Tensor) -> torch.Tensor:
         h = self._history(x)
         if h is None:
+            self.restarts += self.history is not None
             h = x.clone()
         else:
             h = h.to(device=x.device, dtype=x.dtype)
