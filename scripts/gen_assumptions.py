@@ -40,7 +40,8 @@ END = "<!-- END GENERATED TABLE -->"
 REFERENCE_N, REFERENCE_F = 11, 2
 
 #: Time per call of each registered name, as the library computes it today (n rows, d coordinates).
-#: T = max_iter (geometric median), L = iterations (centered clipping). Coordinate-wise order
+#: T = max_iter (geometric median), L = iterations (centered clipping), k = norms seen so far
+#: (ClippedClustering's history); MeanShift(n), HDBSCAN(n): scikit-learn on n points. Coordinate-wise order
 #: statistics run a pruned sorting network (O(n log² n) comparators per column), not a sort.
 COST: dict[str, str] = {
     "mean": "O(nd)",
@@ -57,6 +58,12 @@ COST: dict[str, str] = {
     "bucketing": "O(nd)",
     "clipping": "O(nd)",
     "arc": "O(nd + n log n)",
+    # similarity-based rules (part 2): a Gram pass, then clustering of n points
+    "signguard": "O(n²d + MeanShift(n))",
+    "clipped_clustering": "O(n²d + n³ + k log k)",
+    "flame": "O(n²d + HDBSCAN(n))",
+    "fltrust": "O(n²d)",
+    "foolsgold": "O(n²d)",
 }
 
 DASH = "—"

@@ -60,7 +60,7 @@ class FLTrust(Aggregator):
     display_name = "FLTrust"
     paper = "Cao et al., NDSS 2021"
     translation_equivariant = False
-    breakdown_point = "none needed: ||F(X)|| <= ||g0||"
+    breakdown_point = "none needed: ‖F(X)‖ ≤ ‖g0‖"
 
     def __init__(self, *, root: str = "given", f: int = 0, strict: bool = True) -> None:
         super().__init__(f=f, strict=strict)
