@@ -1,14 +1,17 @@
 """Trust-weighted rules: FLTrust (a trusted server update) and FoolsGold (per-worker history).
 
-Both weigh each row by a score computed from cosine similarities (one uncentred float64 Gram
-matrix, :mod:`~robustagg.functional.cosine`) and return ``sum_i a_i x_i`` for float64 ``a``.
+Both weigh each row by a score computed from cosine similarities and return ``sum_i a_i x_i``
+for float64 ``a``: FLTrust needs only ``|x_i|^2`` and ``<x_i, g0>`` (one ``O(nd)`` pass,
+:func:`~robustagg.functional.cosine.dots_with`), FoolsGold the float64 Gram matrix of the histories.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .cosine import combine, cosine_from_gram, norms_from_gram, unit_gram
+from .cosine import combine, cosine_from_gram, dots_with, unit_gram
 from .gram import gram
 
 __all__ = ["fltrust_coefficients", "fltrust", "foolsgold_alpha", "foolsgold_coefficients", "foolsgold",
@@ -30,15 +33,21 @@ def fltrust_coefficients(x: torch.Tensor, trusted: torch.Tensor) -> torch.Tensor
         ``(n,)`` float64 coefficients.
     """
     n = x.shape[0]
-    g, s = unit_gram(x, trusted.reshape(1, -1).to(x.dtype))
-    norms = norms_from_gram(g, s)
-    ts = cosine_from_gram(g)[:n, n].clamp(min=0.0)
+    sq, dots = dots_with(x, trusted)
+    g0sq = float(torch.linalg.vecdot(trusted.double(), trusted.double()))
+    if not (bool(torch.isfinite(sq).all()) and math.isfinite(g0sq)):  # float64 rows beyond ~1e154
+        g, s = unit_gram(x, trusted.reshape(1, -1).to(x.dtype))
+        sq, dots, g0sq = torch.diagonal(g)[:n], g[:n, n], float(g[n, n])
+    norms, g0n = sq.sqrt(), math.sqrt(g0sq)
+    denom = norms * g0n
+    ts = torch.where(denom > 0, dots / denom.clamp(min=torch.finfo(torch.float64).tiny), torch.zeros_like(dots))
+    ts = ts.clamp(0.0, 1.0)
     total = float(ts.sum())
-    a = torch.zeros(n, dtype=torch.float64, device=g.device)
+    a = torch.zeros(n, dtype=torch.float64, device=x.device)
     if not total > 0:
         return a
     pos = ts > 0
-    a[pos] = ts[pos] * (norms[n] / norms[:n][pos]) / total
+    a[pos] = ts[pos] * (g0n / norms[pos]) / total
     return a
 
 
