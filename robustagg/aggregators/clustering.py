@@ -41,6 +41,7 @@ class _Seeded(Aggregator):
     """A rule whose only state is a CPU generator."""
 
     generator: torch.Generator
+    seed: int
 
     def state_dict(self) -> dict[str, Any]:
         """``{"rule": name, "generator": ByteTensor}``: the generator's state."""

@@ -20,8 +20,8 @@ import torch
 
 from .cosine import clip_factors, combine, cosine_distance_from_gram, median, norms_from_gram, unit_gram
 
-__all__ = ["sign_features", "signguard_coefficients", "signguard", "majority_cluster", "clipped_clustering_coefficients",
-           "clipped_clustering", "flame_coefficients", "flame"]
+__all__ = ["sign_features", "signguard_coefficients", "signguard", "majority_cluster",
+           "clipped_clustering_coefficients", "clipped_clustering", "flame_coefficients", "flame"]
 
 
 # --- SignGuard ------------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def _largest_cluster(labels: np.ndarray, dist: np.ndarray | None = None) -> np.n
 
 
 def _meanshift_labels(feats: np.ndarray, quantile: float) -> np.ndarray:
-    from sklearn.cluster import MeanShift, estimate_bandwidth  # lazy: scikit-learn is slow to import
+    from sklearn.cluster import MeanShift, estimate_bandwidth  # type: ignore[import-untyped]  # lazy: slow to import
 
     if feats.shape[0] < 2:
         return np.zeros(feats.shape[0], dtype=np.int64)
@@ -120,7 +120,7 @@ def majority_cluster(dist: np.ndarray) -> np.ndarray:
     n = dist.shape[0]
     if n < 3:
         return np.ones(n, dtype=bool)
-    from sklearn.cluster import AgglomerativeClustering  # lazy
+    from sklearn.cluster import AgglomerativeClustering  # type: ignore[import-untyped]  # lazy
 
     labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="average").fit(dist).labels_
     return _largest_cluster(labels, dist)
@@ -160,7 +160,7 @@ def _hdbscan_majority(dist: np.ndarray, min_samples: int) -> np.ndarray:
     n = dist.shape[0]
     if n < 3:
         return np.ones(n, dtype=bool)
-    from sklearn.cluster import HDBSCAN  # lazy
+    from sklearn.cluster import HDBSCAN  # type: ignore[import-untyped]  # lazy
 
     size = n // 2 + 1
     labels = HDBSCAN(min_cluster_size=size, min_samples=min(min_samples, n), metric="precomputed",
