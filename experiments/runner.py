@@ -104,7 +104,9 @@ def _run_worker(plan: Plan, comm: Communicator, device: torch.device, attempt: A
     trainer = Trainer(model, optimizer, reduction, shards, batch_size=int(tr.batch_size),
                       num_classes=plan.data.num_classes, seed=int(cfg.seed), scheduler=scheduler,
                       worker_momentum=float(tr.worker_momentum), byzantine=byzantine, metrics=bool(tr.metrics),
-                      identities=ids, injector=injector)
+                      identities=ids, injector=injector,
+                      root=(plan.data.root(int(cfg.server.root_samples), int(cfg.seed)).to(device)
+                            if int(cfg.server.root_samples) > 0 else None))
     comm.group_id = comm.group_id or f"{plan.run_id}/attempt-{attempt.number}"
     callbacks = [instantiate(c) for c in tr.callbacks]
     out = Path(plan.out_dir)

@@ -36,7 +36,8 @@ class FLTrust(Aggregator):
 
     Args:
         root: where ``g0`` comes from. ``"given"`` (default): call :meth:`set_trusted` before each
-            call (the value is used once, then cleared, so a stale ``g0`` is never reused);
+            call (the value is used once, then cleared, so a stale ``g0`` is never reused; the
+            trainer does so with ``server.root_samples=K``);
             ``"last_row"``: the last row of ``x`` is ``g0`` and the other rows are the clients.
         f: declared Byzantine bound (informational: not part of the requirement).
         strict: raise (default) or warn when the requirement fails.
