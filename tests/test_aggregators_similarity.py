@@ -310,3 +310,31 @@ def test_float64_rows_beyond_1e154_are_finite_inputs(name):
     assert torch.isfinite(out).all(), out
     if name != "foolsgold":  # every other rule clips to an honest norm (or the trusted one)
         assert float(out.abs().max()) <= 10 * float(torch.cat([x[:4], x[5:]]).abs().max())
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_nan_and_inf_rows_are_named_and_leave_the_state_alone(name):
+    rng = np.random.default_rng(5)
+    x = torch.tensor(rng.normal(size=(9, 4)))
+    rule = _build(name, 2)
+    rule(x)
+    before = rule.state_dict()
+    bad = x.clone()
+    bad[1, 0], bad[4, 2] = math.nan, math.inf
+    with pytest.raises(ra.NonFiniteInputError, match=r"in rows \[1, 4\]"):
+        rule(bad)
+    after = rule.state_dict()
+    for key, value in before.items():
+        same = torch.equal(value, after[key]) if isinstance(value, torch.Tensor) else value == after[key]
+        assert same, key
+
+
+def test_fltrust_given_mode_names_nan_rows_from_its_single_pass():
+    # FLTrust(root="given") skips the separate finiteness pass: its dot-product pass must name the rows.
+    x = torch.tensor(np.random.default_rng(2).normal(size=(5, 3)))
+    x[2, 1] = math.nan
+    rule = ra.FLTrust()
+    rule.set_trusted(torch.ones(3, dtype=torch.float64))
+    assert rule.gram_checks_finite
+    with pytest.raises(ra.NonFiniteInputError, match=r"in rows \[2\]"):
+        rule(x)

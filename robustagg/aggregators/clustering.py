@@ -178,6 +178,7 @@ class ClippedClustering(Aggregator):
     """
 
     display_name = "ClippedClustering"
+    gram_checks_finite = True  # the Gram pass names NaN/inf rows before the history changes
     paper = "Li, Ngai, Voigt, IEEE Trans. Big Data 2023"
     translation_equivariant = False
     breakdown_point = "1/2"
@@ -253,6 +254,7 @@ class FLAME(_Seeded):
     """
 
     display_name = "FLAME"
+    gram_checks_finite = True  # the Gram pass names NaN/inf rows before any noise is drawn
     paper = "Nguyen et al., USENIX Security 2022"
     translation_equivariant = False
     breakdown_point = "1/2"

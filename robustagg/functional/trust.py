@@ -35,8 +35,8 @@ def fltrust_coefficients(x: torch.Tensor, trusted: torch.Tensor) -> torch.Tensor
     n = x.shape[0]
     sq, dots = dots_with(x, trusted)
     g0sq = float(torch.linalg.vecdot(trusted.double(), trusted.double()))
-    if not (bool(torch.isfinite(sq).all()) and math.isfinite(g0sq)):  # float64 rows beyond ~1e154
-        g, s = unit_gram(x, trusted.reshape(1, -1).to(x.dtype))
+    if not (bool(torch.isfinite(sq).all()) and math.isfinite(g0sq)):  # NaN/inf rows, or float64 beyond ~1e154
+        g, s = unit_gram(x, trusted.reshape(1, -1).to(x.dtype))  # raises NonFiniteInputError on NaN/inf rows
         sq, dots, g0sq = torch.diagonal(g)[:n], g[:n, n], float(g[n, n])
     norms, g0n = sq.sqrt(), math.sqrt(g0sq)
     denom = norms * g0n
