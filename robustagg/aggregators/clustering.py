@@ -70,7 +70,8 @@ class SignGuard(_Seeded):
     (f, kappa) bound is published. Breakdown point 1/2.
 
     Args:
-        lower, upper: norm-ratio band (0 < lower <= 1 <= upper). Defaults 0.1 and 3.0 (the paper's).
+        lower: lower end of the norm-ratio band ``||x_i|| / M`` (0 < lower <= 1). Default 0.1.
+        upper: upper end of the band (>= 1). Default 3.0 (both the paper's).
         fraction: share of the columns sampled for the sign statistics, in (0, 1]. Default 0.1.
         quantile: MeanShift bandwidth = ``sklearn.cluster.estimate_bandwidth(quantile=...)``, in
             (0, 1]. Default 0.5.
