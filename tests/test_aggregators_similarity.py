@@ -338,3 +338,19 @@ def test_fltrust_given_mode_names_nan_rows_from_its_single_pass():
     assert rule.gram_checks_finite
     with pytest.raises(ra.NonFiniteInputError, match=r"in rows \[2\]"):
         rule(x)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_state_survives_a_checkpoint_file(name, tmp_path):
+    # The trainer checkpoints rule.state_dict() with robustagg.checkpoint.save_state: the restored
+    # rule continues exactly (same history, same generator draws).
+    from robustagg.checkpoint import load_state, save_state
+
+    xs = [torch.tensor(make_input("outliers", 9, 5, 2, s), dtype=torch.float32) for s in range(3)]
+    rule = _build(name, 2)
+    rule(xs[0])
+    save_state(tmp_path / "rule.pt", rule.state_dict())
+    want = [rule(x) for x in xs[1:]]
+    restored = _build(name, 2)
+    restored.load_state_dict(load_state(tmp_path / "rule.pt"))
+    assert all(torch.equal(restored(x), w) for x, w in zip(xs[1:], want))
