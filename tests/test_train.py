@@ -67,12 +67,16 @@ def test_smoke_every_rule_simulated(rule, tmp_path):
 
 
 def test_fltrust_run_without_root_data_is_refused(tmp_path):
-    # FLTrust(root="given") must never run without the server's update: the first aggregation
-    # raises, naming the trainer option, instead of trusting a worker's row.
-    with pytest.raises(ra.ConfigError, match=r"FLTrust: no trusted server update; .*server\.root_samples"):
+    # FLTrust(root="given") must never run without the server's update: refused before launch,
+    # naming the option; and root data for a rule that cannot use it is refused too.
+    with pytest.raises(ra.ConfigError, match=r"^FLTrust needs the server's update on a clean root data set: set "
+                                             r"server\.root_samples=K"):
         train(_cfg(*SMALL, "aggregator=fltrust", "attack=sign_flip"), out_dir=tmp_path, quiet=True)
-    with pytest.raises(ra.ConfigError, match=r"root data was given but the rule .* takes no trusted update"):
+    with pytest.raises(ra.ConfigError, match=r"^server\.root_samples=8 but Krum takes no trusted update"):
         train(_cfg(*SMALL, "aggregator=krum", "server.root_samples=8"), out_dir=tmp_path / "k", quiet=True)
+    with pytest.raises(ra.ConfigError, match=r"^server\.root_samples must be >= 0; got -1\.$"):
+        train(_cfg(*SMALL, "aggregator=fltrust", "server.root_samples=-1"), out_dir=tmp_path / "m", quiet=True)
+    assert not any(tmp_path.rglob("metrics.jsonl"))  # nothing ran
 
 
 def test_fltrust_is_handed_the_gradient_on_the_root_set(tmp_path, monkeypatch):
