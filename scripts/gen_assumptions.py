@@ -62,7 +62,7 @@ COST: dict[str, str] = {
     "signguard": "O(n²d + MeanShift(n))",
     "clipped_clustering": "O(n²d + n³ + k log k)",
     "flame": "O(n²d + HDBSCAN(n))",
-    "fltrust": "O(nd)",
+    "fltrust": "O(n²d)",
     "foolsgold": "O(n²d)",
 }
 

@@ -301,7 +301,7 @@ def test_rules_drop_a_far_flipped_minority(name):
 
 @pytest.mark.parametrize("name", NEW)
 def test_float64_rows_beyond_1e154_are_finite_inputs(name):
-    # Their squares overflow float64: the Gram (or the dot products) is recomputed on rows rescaled
+    # Their squares overflow float64: the Gram matrix is recomputed on rows rescaled
     # by a power of two, so cosines and norm ratios stay exact.
     rng = np.random.default_rng(3)
     x = torch.tensor(rng.normal(size=(9, 6)))
@@ -329,8 +329,8 @@ def test_nan_and_inf_rows_are_named_and_leave_the_state_alone(name):
         assert same, key
 
 
-def test_fltrust_given_mode_names_nan_rows_from_its_single_pass():
-    # FLTrust(root="given") skips the separate finiteness pass: its dot-product pass must name the rows.
+def test_fltrust_given_mode_names_nan_rows_from_its_gram_pass():
+    # FLTrust(root="given") skips the separate finiteness pass: its Gram pass must name the rows.
     x = torch.tensor(np.random.default_rng(2).normal(size=(5, 3)))
     x[2, 1] = math.nan
     rule = ra.FLTrust()

@@ -70,7 +70,7 @@ class FLTrust(Aggregator):
                               f"'last_row' (the last row of x is g0); got {root!r}.")
         self.root = root
         self.permutation_invariant = root == "given"  # type: ignore[misc]
-        # "given": the dot-product pass sees NaN/inf rows (g0 was checked by set_trusted); with
+        # "given": the Gram pass sees NaN/inf rows (g0 was checked by set_trusted); with
         # "last_row" a separate check names the rows of x, the trusted row included.
         self.gram_checks_finite = root == "given"  # type: ignore[misc]
         self.trusted: torch.Tensor | None = None

@@ -22,7 +22,7 @@ import torch
 from .._tensor import check_finite
 from .gram import gram
 
-__all__ = ["unit_gram", "dots_with", "norms_from_gram", "cosine_from_gram", "cosine_distance_from_gram", "median",
+__all__ = ["unit_gram", "norms_from_gram", "cosine_from_gram", "cosine_distance_from_gram", "median",
            "clip_factors", "combine"]
 
 
@@ -52,34 +52,6 @@ def unit_gram(x: torch.Tensor, extra: torch.Tensor | None = None) -> tuple[torch
     top = float(x.abs().max()) if extra is None else max(float(x.abs().max()), float(extra.abs().max()))
     s = math.ldexp(1.0, 400 - math.frexp(top)[1])
     return gram(x.double() * s, None, None if extra is None else extra.double() * s), s
-
-
-def dots_with(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(|x_i|^2, <x_i, v>)`` for every row, in float64, in one pass over ``x`` (``O(nd)``, no Gram).
-
-    Rows are converted to float64 by column chunks (at most 4 MiB and an eighth of the input), as
-    :func:`~robustagg.functional.preagg.row_norms` does, so float32 products are exact.
-
-    Args:
-        x: ``(n, d)`` finite rows; v: ``(d,)`` vector (any float dtype).
-
-    Returns:
-        ``((n,), (n,))`` float64 on ``x.device``; entries overflow to inf only for float64 rows
-        beyond ~1e154 (the caller rescales then).
-    """
-    n, d = x.shape
-    budget = min(1 << 22, max(1 << 18, x.numel() * x.element_size() // 8))
-    k = max(1, min(d, budget // (8 * max(n, 1))))
-    buf = torch.empty(n, k, dtype=torch.float64, device=x.device)
-    sq = torch.zeros(n, dtype=torch.float64, device=x.device)
-    dots = torch.zeros(n, dtype=torch.float64, device=x.device)
-    v64 = v.detach().to(device=x.device, dtype=torch.float64)
-    for start in range(0, d, k):
-        block = buf[:, :min(k, d - start)]
-        block.copy_(x[:, start:start + k])
-        sq += torch.linalg.vecdot(block, block, dim=1)
-        dots += block @ v64[start:start + k]
-    return sq, dots
 
 
 def norms_from_gram(g: torch.Tensor, s: float = 1.0) -> torch.Tensor:
