@@ -185,6 +185,83 @@ NAIVE_SMEA_MAX_SUBSETS = 500
 
 def naive(spec: str, f: int, params: dict[str, Any], n: int = 0) -> Fn | None:
     """The naive implementation of a rule or ``pre>...>rule`` spec (``None``: too slow to time at ``n``)."""
+# similarity-based rules (part 2): per-pair cosines, whole-tensor clipping, scikit-learn on the result
+def _cos_dists(x: torch.Tensor) -> Any:
+    n = x.shape[0]
+    dist = torch.zeros(n, n, dtype=torch.float64)
+    for i, j in itertools.combinations(range(n), 2):
+        dist[i, j] = dist[j, i] = 1.0 - float(torch.nn.functional.cosine_similarity(x[i], x[j], dim=0))
+    return dist.clamp(min=0.0).numpy()
+
+
+def _clipped_mean(x: torch.Tensor, keep: Any, tau: float) -> torch.Tensor:
+    norms = torch.linalg.vector_norm(x, dim=1)
+    return (x * (tau / norms).clamp(max=1.0)[:, None])[torch.as_tensor(keep)].mean(dim=0)
+
+
+def _largest(labels: Any) -> Any:
+    import numpy as np
+
+    ids, counts = np.unique(labels[labels >= 0], return_counts=True)
+    return labels == ids[counts.argmax()]
+
+
+def _signguard(x: torch.Tensor) -> torch.Tensor:
+    import numpy as np
+    from sklearn.cluster import MeanShift, estimate_bandwidth
+
+    norms = torch.linalg.vector_norm(x, dim=1)
+    m = float(norms.median())
+    s1 = ((norms / m >= 0.1) & (norms / m <= 3.0)).numpy()
+    cols = x[:, torch.randperm(x.shape[1])[:max(1, x.shape[1] // 10)]]
+    feats = torch.stack([(cols > 0).double().mean(1), (cols == 0).double().mean(1), (cols < 0).double().mean(1)], 1)
+    bw = estimate_bandwidth(feats.numpy(), quantile=0.5)
+    labels = MeanShift(bandwidth=bw).fit(feats.numpy()).labels_ if bw > 0 else np.zeros(x.shape[0], dtype=int)
+    return _clipped_mean(x, s1 & _largest(labels), m)
+
+
+def _clipped_clustering(x: torch.Tensor) -> torch.Tensor:
+    from sklearn.cluster import AgglomerativeClustering
+
+    tau = float(torch.linalg.vector_norm(x, dim=1).median())
+    labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="average").fit(_cos_dists(x)).labels_
+    return _clipped_mean(x, _largest(labels), tau)
+
+
+def _flame(x: torch.Tensor, lam: float) -> torch.Tensor:
+    from sklearn.cluster import HDBSCAN
+
+    n = x.shape[0]
+    st = float(torch.linalg.vector_norm(x, dim=1).median())
+    labels = HDBSCAN(min_cluster_size=n // 2 + 1, min_samples=1, metric="precomputed", allow_single_cluster=True,
+                     copy=True).fit(_cos_dists(x)).labels_
+    return _clipped_mean(x, _largest(labels), st) + lam * st * torch.randn(x.shape[1], dtype=x.dtype)
+
+
+def _fltrust(x: torch.Tensor) -> torch.Tensor:
+    clients, g0 = x[:-1], x[-1]
+    ts = torch.relu(torch.nn.functional.cosine_similarity(clients, g0[None], dim=1))
+    scaled = clients * (torch.linalg.vector_norm(g0) / torch.linalg.vector_norm(clients, dim=1))[:, None]
+    return (ts[:, None] * scaled).sum(dim=0) / ts.sum()
+
+
+def _foolsgold(x: torch.Tensor) -> torch.Tensor:
+    n = x.shape[0]
+    cs = torch.eye(n, dtype=torch.float64) * -math.inf
+    for i, j in itertools.permutations(range(n), 2):
+        cs[i, j] = float(torch.nn.functional.cosine_similarity(x[i], x[j], dim=0))  # history = x at step 1
+    v = cs.max(dim=1).values
+    for i, j in itertools.permutations(range(n), 2):
+        if v[j] > v[i] and v[j] > 0:
+            cs[i, j] *= v[i] / v[j]
+    alpha = (1 - cs.max(dim=1).values).clamp(0, 1)
+    alpha = (alpha / alpha.max()).clamp(max=0.99)
+    alpha = (torch.log(alpha / (1 - alpha)) + 0.5).nan_to_num(neginf=0.0).clamp(0, 1)
+    return (alpha.to(x.dtype) @ x) / alpha.sum()
+
+
+def naive(spec: str, f: int, params: dict[str, Any]) -> Fn:
+    """The naive implementation of a rule or ``pre>...>rule`` spec."""
     *pre, rule = spec.split(">")
     if rule == "smea" and math.comb(n, f) > NAIVE_SMEA_MAX_SUBSETS:
         return None
@@ -206,6 +283,12 @@ def naive(spec: str, f: int, params: dict[str, Any], n: int = 0) -> Fn | None:
                              [:x.shape[0] - f]].mean(dim=0),
         "cge": lambda x: x[torch.argsort(torch.linalg.vector_norm(x, dim=1))[:x.shape[0] - f]].mean(dim=0),
         "dnc": lambda x: _dnc(x, f, params.get("sub_dim", 10_000), params.get("iterations", 5)),
+        # similarity-based rules (part 2)
+        "signguard": _signguard,
+        "clipped_clustering": _clipped_clustering,
+        "flame": lambda x: _flame(x, params.get("lam", 0.001)),
+        "fltrust": _fltrust,
+        "foolsgold": _foolsgold,
     }
     maps: dict[str, Fn] = {"nnm": lambda x: _nnm(x, f), "bucketing": lambda x: _bucket(x, 2),
                            "clipping": lambda x: _clip(x, 1.0), "arc": lambda x: _arc(x, f)}

@@ -259,6 +259,20 @@ class LoggerConf:
 
 
 @dataclass
+class ServerConf:
+    """What the server holds besides the model.
+
+    Attributes:
+        root_samples: size of the server's clean root data set (FLTrust, Cao et al., NDSS 2021):
+            that many training examples drawn uniformly (``seed``) from the training pool, with
+            their true labels. 0 (default): none. Every process holds the same set and computes
+            the same root gradient each step; the rule is handed it (``set_trusted``).
+    """
+
+    root_samples: int = 0
+
+
+@dataclass
 class TrainConfig:
     """The whole configuration of ``python -m experiments.train``.
 
@@ -283,6 +297,7 @@ class TrainConfig:
     model: ModelConf = field(default_factory=ModelConf)
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: LoggerConf = field(default_factory=LoggerConf)
+    server: ServerConf = field(default_factory=ServerConf)
     seed: Any = 0
     strict: bool = True
     out_dir: Optional[str] = None

@@ -322,9 +322,11 @@ class ExperimentBuild:
         def eval_fn() -> dict[str, float]:  # test/asr too under a backdoor
             return evaluate(model, test_x, test_y, num_classes, **backdoor)
 
+        k = int(cfg.server.root_samples)
+        root = self.data.root(k, int(cfg.seed)).to(device) if k > 0 else None
         return WorkerParts(model=model, optimizer=optimizer, rule=rule, shards=shards, scheduler=scheduler,
                            byzantine=byzantine, evaluate=eval_fn, num_classes=num_classes,
-                           callbacks=[instantiate(c) for c in cfg.trainer.callbacks])
+                           callbacks=[instantiate(c) for c in cfg.trainer.callbacks], root=root)
 
 
 def _threat(cfg: DictConfig) -> tuple[int, int, int, tuple[int, ...], list[str]]:
@@ -524,6 +526,23 @@ def _trainer_checks(cfg: DictConfig) -> None:
     _rendezvous_checks(cfg)
 
 
+def _root_data_check(rule: Aggregator, root_samples: int) -> None:
+    """A rule that needs the server's trusted update (FLTrust) gets root data, and only such a rule.
+
+    Raises:
+        ConfigError: naming ``server.root_samples`` and the fix.
+    """
+    final = getattr(rule, "rule", rule)  # a Pipeline's final rule
+    if root_samples < 0:
+        raise ConfigError(f"server.root_samples must be >= 0; got {root_samples}.")
+    if getattr(final, "root", None) == "given" and root_samples == 0:
+        raise ConfigError(f"{final.display_name} needs the server's update on a clean root data set: set "
+                          "server.root_samples=K (K training examples the server holds, e.g. 100).")
+    if root_samples > 0 and not hasattr(final, "set_trusted"):
+        raise ConfigError(f"server.root_samples={root_samples} but {final.display_name} takes no trusted update; "
+                          "drop the option or use aggregator=fltrust.")
+
+
 def _hard_violations(rule: Aggregator, n: int) -> list[str]:
     """Violated requirements that are not advisory (the mean's ``f = 0`` is advisory: a baseline)."""
     stages = rule.stages(n) if isinstance(rule, ra.Pipeline) else [(rule.requirement, n, rule.f)]
@@ -577,6 +596,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     _trainer_checks(cfg)
     device, backend = _device(cfg)
     rule = build_rule(cfg)
+    _root_data_check(rule, int(cfg.server.root_samples))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AssumptionWarning)  # returned below and logged by the caller
         try:

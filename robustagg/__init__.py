@@ -14,6 +14,7 @@ from ._tensor import as_matrix, check_finite, flatten, nonfinite_rows, unflatten
 from .aggregators import (Aggregator, Bulyan, CenteredClipping, CoordinateWiseMedian, CoordinateWiseTrimmedMean,
                           GeometricMedian, Krum, Mean, MeaMed, MinimumDiameterAveraging, MultiKrum)
 from .aggregators import CAF, CGE, SMEA, DnC, MoNNA
+from .aggregators import FLAME, ClippedClustering, FLTrust, FoolsGold, SignGuard
 from .errors import (AssumptionError, AssumptionWarning, CheckpointError, ConfigError, DesyncError, IntegrityError,
                      NonFiniteInputError, RobustAggError, ShapeError)
 from .preaggregation import ARC, NNM, Bucketing, Clipping, Pipeline, PreAggregator, build_pipeline
@@ -27,6 +28,7 @@ __all__ = [
     "Aggregator", "Mean", "CoordinateWiseMedian", "CoordinateWiseTrimmedMean", "MeaMed", "Krum", "MultiKrum",
     "Bulyan", "GeometricMedian", "CenteredClipping", "MinimumDiameterAveraging",
     "CAF", "SMEA", "MoNNA", "CGE", "DnC",
+    "SignGuard", "ClippedClustering", "FLTrust", "FoolsGold", "FLAME",
     "PreAggregator", "NNM", "Bucketing", "Clipping", "ARC", "Pipeline", "build_pipeline",
     "available", "get", "lookup", "Requirement", "lower_bound_kappa",
     "RobustAggError", "AssumptionError", "AssumptionWarning", "ShapeError", "NonFiniteInputError", "ConfigError",

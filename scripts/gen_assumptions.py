@@ -41,7 +41,8 @@ REFERENCE_N, REFERENCE_F = 11, 2
 
 #: Time per call of each registered name, as the library computes it today (n rows, d coordinates).
 #: T = max_iter (geometric median), L = iterations (centered clipping); for DnC T = iterations and
-#: b = sub_dim; CAF runs at most n filter steps, each an (n, n) eigendecomposition. Coordinate-wise order
+#: b = sub_dim; CAF runs at most n filter steps, each an (n, n) eigendecomposition; k = norms seen so far
+#: (ClippedClustering's history); MeanShift(n), HDBSCAN(n): scikit-learn on n points. Coordinate-wise order
 #: statistics run a pruned sorting network (O(n log² n) comparators per column), not a sort.
 COST: dict[str, str] = {
     "mean": "O(nd)",
@@ -63,6 +64,12 @@ COST: dict[str, str] = {
     "bucketing": "O(nd)",
     "clipping": "O(nd)",
     "arc": "O(nd + n log n)",
+    # similarity-based rules (part 2): a Gram pass, then clustering of n points
+    "signguard": "O(n²d + MeanShift(n))",
+    "clipped_clustering": "O(n²d + n³ + k log k)",
+    "flame": "O(n²d + HDBSCAN(n))",
+    "fltrust": "O(n²d)",
+    "foolsgold": "O(n²d)",
 }
 
 DASH = "—"

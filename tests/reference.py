@@ -21,6 +21,8 @@ __all__ = ["as64", "mean", "coordinate_median", "trimmed_mean", "meamed", "sq_di
            "krum_scores", "krum_index", "krum", "multi_krum", "bulyan_indices", "bulyan", "gm_objective",
            "weiszfeld", "geometric_median", "centered_clipping", "mda", "nnm", "bucketing", "clipping", "arc",
            "variance", "kappa_hat", "cge", "monna", "top_direction", "smea", "caf", "dnc", "REFERENCES"]
+           "variance", "kappa_hat", "REFERENCES", "cosine_matrix", "cosine_distances",
+           "row_norms", "signguard", "clipped_clustering", "flame", "fltrust", "foolsgold_alpha", "foolsgold"]
 
 
 def as64(x) -> np.ndarray:
@@ -271,6 +273,164 @@ def arc(x, f: int) -> np.ndarray:
         if norms[i] > threshold:
             out[i] = x64[i] * (threshold / norms[i])
     return out
+
+
+# --- similarity-based rules: SignGuard, ClippedClustering, FLAME, FLTrust, FoolsGold ----------------
+# Cosines and norms pair by pair (never a Gram matrix); the clustering runs through the same
+# scikit-learn estimators as the library (the algorithms the papers name), on features computed here.
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b))
+
+
+def cosine_matrix(x) -> np.ndarray:
+    """cos(x_i, x_j) = <x_i, x_j> / sqrt(|x_i|^2 |x_j|^2), one pair at a time; 0 when a row is zero."""
+    x64 = as64(x)
+    n = x64.shape[0]
+    out = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            den = math.sqrt(_dot(x64[i], x64[i]) * _dot(x64[j], x64[j]))
+            out[i, j] = min(1.0, max(-1.0, _dot(x64[i], x64[j]) / den)) if den > 0 else 0.0
+    return out
+
+
+def cosine_distances(x) -> np.ndarray:
+    """1 - cos, zero diagonal, clipped at 0."""
+    dist = np.maximum(1.0 - cosine_matrix(x), 0.0)
+    np.fill_diagonal(dist, 0.0)
+    return dist
+
+
+def row_norms(x) -> np.ndarray:
+    return np.array([math.sqrt(_dot(r, r)) for r in as64(x)])
+
+
+def _largest_cluster(labels, dist=None) -> list[int]:
+    """Members of the largest cluster (label >= 0); ties: smaller within-cluster distance sum, then lowest index."""
+    best = None
+    for c in sorted(set(int(v) for v in labels if v >= 0)):
+        members = [i for i, v in enumerate(labels) if v == c]
+        spread = 0.0 if dist is None else sum(dist[i][j] for i in members for j in members)
+        key = (-len(members), spread, members[0])
+        if best is None or key < best[0]:
+            best = (key, members)
+    return [] if best is None else best[1]
+
+
+def _clipped_mean(x64: np.ndarray, members: list[int], tau: float) -> np.ndarray:
+    total = np.zeros(x64.shape[1])
+    for i in members:
+        norm = math.sqrt(_dot(x64[i], x64[i]))
+        total = total + (x64[i] * (tau / norm) if norm > tau else x64[i])
+    return total / len(members)
+
+
+def signguard(x, offset: int, stride: int, lower: float = 0.1, upper: float = 3.0, quantile: float = 0.5) -> np.ndarray:
+    """Norm band around the median norm M, largest MeanShift cluster of sign fractions, clip to M, mean."""
+    from sklearn.cluster import MeanShift, estimate_bandwidth
+
+    x64 = as64(x)
+    n, d = x64.shape
+    norms = row_norms(x64)
+    m = float(np.median(norms))
+    if m == 0:
+        return np.zeros(d)
+    s1 = {i for i in range(n) if lower <= norms[i] / m <= upper}
+    feats = []
+    for row in x64:
+        cols = row[offset::stride]
+        k = len(cols)
+        feats.append([sum(1 for v in cols if v > 0) / k, sum(1 for v in cols if v == 0) / k,
+                      sum(1 for v in cols if v < 0) / k])
+    feats = np.array(feats)
+    bw = float(estimate_bandwidth(feats, quantile=quantile)) if n >= 2 else 0.0
+    labels = MeanShift(bandwidth=bw).fit(feats).labels_ if bw > 0 else [0] * n
+    chosen = [i for i in _largest_cluster(labels) if i in s1]
+    return _clipped_mean(x64, chosen, m) if chosen else np.zeros(d)
+
+
+def clipped_clustering(x, history=()) -> np.ndarray:
+    """Clip to the median of all norms (history + current), mean of the larger average-linkage cluster."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    x64 = as64(x)
+    n = x64.shape[0]
+    tau = float(np.median(list(history) + list(row_norms(x64))))
+    if n < 3:
+        members = list(range(n))
+    else:
+        dist = cosine_distances(x64)
+        labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="average").fit(dist).labels_
+        members = _largest_cluster(labels, dist)
+    return _clipped_mean(x64, members, tau) if tau > 0 else np.zeros(x64.shape[1])
+
+
+def flame(x, min_samples: int = 1) -> np.ndarray:
+    """Majority HDBSCAN cluster (min_cluster_size n//2 + 1) on cosine distances, clip to the median norm, mean."""
+    from sklearn.cluster import HDBSCAN
+
+    x64 = as64(x)
+    n = x64.shape[0]
+    st = float(np.median(row_norms(x64)))
+    if n < 3:
+        members = list(range(n))
+    else:
+        labels = HDBSCAN(min_cluster_size=n // 2 + 1, min_samples=min(min_samples, n), metric="precomputed",
+                         allow_single_cluster=True, copy=True).fit(cosine_distances(x64)).labels_
+        members = _largest_cluster(labels)
+        members = members if len(members) >= n // 2 + 1 else []
+    return _clipped_mean(x64, members, st) if members and st > 0 else np.zeros(x64.shape[1])
+
+
+def fltrust(x, trusted) -> np.ndarray:
+    """sum_i relu(cos(x_i, g0)) |g0|/|x_i| x_i / sum_i relu(cos(x_i, g0)); zero when every trust is 0."""
+    x64, g0 = as64(x), as64(trusted)
+    g0n = math.sqrt(_dot(g0, g0))
+    total, weight = np.zeros(x64.shape[1]), 0.0
+    for row in x64:
+        rn = math.sqrt(_dot(row, row))
+        ts = max(0.0, min(1.0, _dot(row, g0) / (rn * g0n))) if rn > 0 and g0n > 0 else 0.0
+        if ts > 0:
+            total = total + ts * (g0n / rn) * row
+            weight += ts
+    return total / weight if weight > 0 else total
+
+
+def foolsgold_alpha(histories, kappa: float = 1.0) -> list[float]:
+    """Alg. 1 of Fung et al. (RAID 2020), loop by loop, on the (n, d) histories."""
+    h = as64(histories)
+    n = h.shape[0]
+    if n == 1:
+        return [1.0]
+    cs = cosine_matrix(h)
+    v = [max(cs[i][j] for j in range(n) if j != i) for i in range(n)]
+    for i in range(n):
+        for j in range(n):
+            if i != j and v[j] > v[i] and v[j] > 0:
+                cs[i][j] *= v[i] / v[j]
+    alpha = [min(1.0, max(0.0, 1.0 - max(cs[i][j] for j in range(n) if j != i))) for i in range(n)]
+    top = max(alpha)
+    if top <= 0:
+        return [0.0] * n
+    out = []
+    for a in alpha:
+        a = a / top
+        a = 0.99 if a == 1.0 else a
+        out.append(0.0 if a == 0 else min(1.0, max(0.0, kappa * (math.log(a / (1 - a)) + 0.5))))
+    return out
+
+
+def foolsgold(steps, kappa: float = 1.0) -> np.ndarray:
+    """Output at the last of ``steps`` (a list of (n, d) inputs): weighted mean by alpha of the running sums."""
+    steps = [as64(s) for s in steps]
+    hist = np.zeros_like(steps[0])
+    for s in steps:
+        hist = hist + s
+    alpha = foolsgold_alpha(hist, kappa)
+    total = np.zeros(steps[-1].shape[1])
+    for a, row in zip(alpha, steps[-1]):
+        total = total + a * row
+    return total / sum(alpha) if sum(alpha) > 0 else total
 
 
 # --- robustness coefficient ------------------------------------------------------------------

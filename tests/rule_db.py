@@ -188,6 +188,22 @@ def _nnm_krum_score(x, f: int, z) -> float:
     return R.krum_scores(mixed, f)[i]
 
 
+# --- similarity-based rules (part 2): the seeded draws each class makes on a fresh instance ---------
+def _signguard_columns(d: int, fraction: float = 0.1) -> tuple[int, int]:
+    """SignGuard's first column sample from a fresh generator seeded with 0: ``(offset, stride)``."""
+    stride = max(1, round(1.0 / fraction))
+    return int(torch.randint(min(stride, d), (1,), generator=torch.Generator().manual_seed(0))), stride
+
+
+def _signguard_ref(x, f: int, fraction: float = 0.1) -> np.ndarray:
+    return R.signguard(x, *_signguard_columns(R.as64(x).shape[1], fraction))
+
+
+def _fltrust_ref(x, f: int) -> np.ndarray:
+    x64 = R.as64(x)
+    return R.fltrust(x64[:-1], x64[-1])
+
+
 RULES: list[RuleSpec] = [
     RuleSpec("mean", min_n=lambda f: 1, reference=lambda x, f: R.mean(x), display="Mean", inequality="f = 0",
              paper_fragment="baseline"),
@@ -249,6 +265,24 @@ RULES: list[RuleSpec] = [
     RuleSpec("dnc", kwargs={"sub_dim": DNC_SUB, "iterations": DNC_ITERS},
              reference=lambda x, f: _dnc_ref(x, f, DNC_SUB, DNC_ITERS), display="DnC", inequality="n >= 2f + 1",
              selects_rows="mean", paper_fragment="Shejwalkar", fresh=True),
+    # similarity-based rules (part 2). Cosines and norm ratios ignore a translation; clusters and
+    # thresholds scale with the rows; FLAME's noise and FoolsGold's sybil test are not unanimous.
+    RuleSpec("signguard", reference=_signguard_ref, display="SignGuard", inequality="n >= 2f + 1",
+             translation_equivariant=False, paper_fragment="Xu", fresh=True),
+    RuleSpec("signguard", kwargs={"fraction": 1.0}, reference=lambda x, f: _signguard_ref(x, f, 1.0),
+             display="SignGuard", inequality="n >= 2f + 1", translation_equivariant=False, paper_fragment="Xu"),
+    RuleSpec("clipped_clustering", reference=lambda x, f: R.clipped_clustering(x), display="ClippedClustering",
+             inequality="n >= 2f + 1", translation_equivariant=False, paper_fragment="Li", fresh=True),
+    RuleSpec("flame", kwargs={"lam": 0.0}, reference=lambda x, f: R.flame(x), display="FLAME",
+             inequality="n >= 2f + 1", translation_equivariant=False, paper_fragment="Nguyen"),
+    RuleSpec("flame", display="FLAME", inequality="n >= 2f + 1", translation_equivariant=False, unanimous=False,
+             paper_fragment="Nguyen", fresh=True),  # with noise: compared in a dedicated test
+    RuleSpec("fltrust", kwargs={"root": "last_row"}, min_n=lambda f: 2, reference=_fltrust_ref, display="FLTrust",
+             inequality="n >= 2", permutation_invariant=False, translation_equivariant=False,
+             paper_fragment="Cao"),
+    RuleSpec("foolsgold", min_n=lambda f: f + 1, reference=lambda x, f: R.foolsgold([x]), display="FoolsGold",
+             inequality="n >= f + 1", translation_equivariant=False, unanimous=False, paper_fragment="Fung",
+             fresh=True),
 ]
 
 #: Test ids, unique per configuration.
@@ -426,4 +460,45 @@ ERROR_CASES: list[ErrorCase] = [
               r"^Pipeline: pre must hold pre-aggregation maps \(nnm, bucketing, clipping, arc\); got \[Krum\(f=1\)\]\.$"),
     ErrorCase("duplicate registration", _register_twice, ValueError,
               r"^robustagg registry already has 'krum' \(Krum\)\.$"),
+    # similarity-based rules (part 2)
+    ErrorCase("signguard band", lambda: ra.SignGuard(lower=2.0), ra.ConfigError,
+              r"^SignGuard: need lower <= 1 <= upper \(the median row must pass\); got lower=2\.0, upper=3\.0\.$"),
+    ErrorCase("signguard fraction", lambda: ra.SignGuard(fraction=1.5), ra.ConfigError,
+              r"^SignGuard: fraction must be in \(0, 1\]; got 1\.5\.$"),
+    ErrorCase("signguard seed", lambda: ra.SignGuard(seed=-1), ra.ConfigError,
+              r"^SignGuard: seed must be a non-negative integer; got -1\.$"),
+    ErrorCase("flame lam", lambda: ra.FLAME(lam=-0.1), ra.ConfigError,
+              r"^FLAME: lam must be a finite number >= 0; got -0\.1\.$"),
+    ErrorCase("flame min_samples", lambda: ra.FLAME(min_samples=0), ra.ConfigError,
+              r"^FLAME: min_samples must be an integer >= 1; got 0\.$"),
+    ErrorCase("fltrust root", lambda: ra.FLTrust(root="first_row"), ra.ConfigError,
+              r"^FLTrust: root must be 'given' \(call set_trusted\(g0\) before each call\) or 'last_row' "
+              r"\(the last row of x is g0\); got 'first_row'\.$"),
+    ErrorCase("fltrust without trusted update", lambda: ra.FLTrust()(_x()), ra.ConfigError,
+              r"^FLTrust: no trusted server update; call rule\.set_trusted\(g0\) .*server\.root_samples.*"
+              r"root='last_row'.*\.$"),
+    ErrorCase("fltrust trusted length", lambda: _fltrust_wrong_length(), ra.ShapeError,
+              r"^FLTrust: the trusted update has 5 entries but the submissions have d=3\.$"),
+    ErrorCase("fltrust trusted nan", lambda: ra.FLTrust().set_trusted(torch.tensor([1.0, math.nan])), ra.ShapeError,
+              r"^FLTrust: the trusted update holds NaN or inf; recompute it on the root data\.$"),
+    ErrorCase("foolsgold kappa", lambda: ra.FoolsGold(kappa=0.0), ra.ConfigError,
+              r"^FoolsGold: kappa must be a positive finite number; got 0\.0\.$"),
+    ErrorCase("foolsgold history length", lambda: _foolsgold_wrong_d(), ra.ConfigError,
+              r"^FoolsGold: stored history has d=5 but the submissions have d=3; call reset\(\) when the model "
+              r"changes\.$"),
+    ErrorCase("clipped_clustering foreign state",
+              lambda: ra.ClippedClustering().load_state_dict({"rule": "flame"}), ra.ConfigError,
+              r"^ClippedClustering: cannot load state of rule 'flame'\.$"),
 ]
+
+
+def _fltrust_wrong_length() -> None:
+    rule = ra.FLTrust()
+    rule.set_trusted(torch.zeros(5, dtype=torch.float64))
+    rule(_x())
+
+
+def _foolsgold_wrong_d() -> None:
+    rule = ra.FoolsGold()
+    rule.load_state_dict({"rule": "foolsgold", "history": torch.zeros(7, 5, dtype=torch.float64)})
+    rule(_x())

@@ -210,7 +210,10 @@ NAMES = {"mean": ra.Mean, "coordinate_median": ra.CoordinateWiseMedian, "trimmed
          "meamed": ra.MeaMed, "krum": ra.Krum, "multi_krum": ra.MultiKrum, "bulyan": ra.Bulyan,
          "geometric_median": ra.GeometricMedian, "centered_clipping": ra.CenteredClipping,
          "mda": ra.MinimumDiameterAveraging, "nnm": ra.NNM, "bucketing": ra.Bucketing, "clipping": ra.Clipping,
-         "arc": ra.ARC}
+         "arc": ra.ARC,
+         # similarity-based rules (part 2)
+         "signguard": ra.SignGuard, "clipped_clustering": ra.ClippedClustering, "flame": ra.FLAME,
+         "fltrust": ra.FLTrust, "foolsgold": ra.FoolsGold}
 
 
 def test_registry_names():

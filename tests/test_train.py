@@ -10,6 +10,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -50,14 +51,76 @@ SMALL = ["threat.n=7", "threat.f=1", "trainer.steps=2", "trainer.eval_every=0", 
          "trainer.mode=simulated", "trainer.param_check_every=0"]
 
 
+#: Extra overrides a rule needs: FLTrust's trusted update comes from the server's root data.
+NEEDS = {"fltrust": ["server.root_samples=32"]}
+
+
 @pytest.mark.parametrize("rule", rule_names())
 def test_smoke_every_rule_simulated(rule, tmp_path):
-    s = train(_cfg(*SMALL, f"aggregator={rule}", "attack=sign_flip"), out_dir=tmp_path, quiet=True)
+    s = train(_cfg(*SMALL, f"aggregator={rule}", "attack=sign_flip", *NEEDS.get(rule, [])), out_dir=tmp_path,
+              quiet=True)
     assert s["steps"] == 2 and s["rule"] == rule and 0.0 <= s["final_test_acc"] <= 1.0
     recs = _records(tmp_path)
     assert [r["kind"] for r in recs] == ["train", "train", "test"]
     assert math.isfinite(recs[0]["agg/kappa_hat"]) and "agg/honest_weight/0" in recs[0]
     assert "agg/byz_accepted" in recs[0] and "agg/honest_weight/6" not in recs[0]  # rank 6 is Byzantine
+
+
+def test_fltrust_run_without_root_data_is_refused(tmp_path):
+    # FLTrust(root="given") must never run without the server's update: refused before launch,
+    # naming the option; and root data for a rule that cannot use it is refused too.
+    with pytest.raises(ra.ConfigError, match=r"^FLTrust needs the server's update on a clean root data set: set "
+                                             r"server\.root_samples=K"):
+        train(_cfg(*SMALL, "aggregator=fltrust", "attack=sign_flip"), out_dir=tmp_path, quiet=True)
+    with pytest.raises(ra.ConfigError, match=r"^server\.root_samples=8 but Krum takes no trusted update"):
+        train(_cfg(*SMALL, "aggregator=krum", "server.root_samples=8"), out_dir=tmp_path / "k", quiet=True)
+    with pytest.raises(ra.ConfigError, match=r"^server\.root_samples must be >= 0; got -1\.$"):
+        train(_cfg(*SMALL, "aggregator=fltrust", "server.root_samples=-1"), out_dir=tmp_path / "m", quiet=True)
+    assert not any(tmp_path.rglob("metrics.jsonl"))  # nothing ran
+
+
+def test_fltrust_is_handed_the_gradient_on_the_root_set(tmp_path, monkeypatch):
+    # The trusted update is the plain gradient of the current model on all root examples:
+    # recomputed here with autograd from the trainer's model and root set, before every step.
+    checked = []
+    original = Trainer._trust_root
+
+    def check(self, step):
+        loss = torch.nn.functional.cross_entropy(self.model(self.root.x), self.root.y)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        want = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
+        original(self, step)
+        assert self.root.x.shape[0] == 16
+        assert torch.allclose(self.reduction.rule.trusted, want, rtol=0, atol=1e-6)
+        checked.append(step)
+
+    monkeypatch.setattr(Trainer, "_trust_root", check)
+    s = train(_cfg(*SMALL, "aggregator=fltrust", "attack=sign_flip", "server.root_samples=16"), out_dir=tmp_path,
+              quiet=True)
+    assert s["steps"] == 2 and checked == [0, 1]
+
+
+def test_fltrust_three_process_run_agrees_on_the_root_gradient(tmp_path):
+    # gather mode: every process computes g0 itself; a rank with another g0 would produce another
+    # aggregate, caught by the digest check of the next step's headers and the parameter check.
+    s = train(_cfg("threat.n=3", "threat.f=1", "trainer.steps=3", "trainer.eval_every=0", "trainer.batch_size=8",
+                   "trainer.param_check_every=1", "aggregator=fltrust", "server.root_samples=16", "attack=sign_flip"),
+              out_dir=tmp_path, quiet=True)
+    assert s["mode"] == "processes" and s["steps"] == 3
+
+
+def test_root_set_is_a_seeded_sample_of_the_training_pool():
+    from experiments.data import DataBundle
+
+    x = torch.arange(20, dtype=torch.float32).reshape(10, 2)
+    bundle = DataBundle(train_x=x, train_y=torch.arange(10), test_x=x[:2], test_y=torch.arange(2), num_classes=10,
+                        input_shape=(2,), parts=[np.arange(5), np.arange(5, 10)])
+    a, b = bundle.root(4, seed=3), bundle.root(4, seed=3)
+    assert torch.equal(a.x, b.x) and len(a) == 4 and len(set(a.y.tolist())) == 4
+    assert torch.equal(a.x, x[a.y])  # true labels: row i of the pool has label i here
+    assert not torch.equal(bundle.root(4, seed=4).y, a.y)
+    with pytest.raises(ra.ConfigError, match=r"server\.root_samples must be in \[1, 10\]"):
+        bundle.root(11, seed=0)
 
 
 @pytest.mark.parametrize("attack", attacks.available())

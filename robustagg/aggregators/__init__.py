@@ -7,7 +7,9 @@ from .krum import Bulyan, Krum, MultiKrum
 from .mda import MinimumDiameterAveraging
 from .ranked import CGE, MoNNA
 from .spectral import CAF, SMEA, DnC
+from .clustering import FLAME, ClippedClustering, SignGuard
+from .trust import FLTrust, FoolsGold
 
 __all__ = ["Aggregator", "Mean", "CoordinateWiseMedian", "CoordinateWiseTrimmedMean", "MeaMed", "Krum",
            "MultiKrum", "Bulyan", "GeometricMedian", "CenteredClipping", "MinimumDiameterAveraging",
-           "CAF", "SMEA", "MoNNA", "CGE", "DnC"]
+           "CAF", "SMEA", "MoNNA", "CGE", "DnC", "SignGuard", "ClippedClustering", "FLTrust", "FoolsGold", "FLAME"]

@@ -8,6 +8,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..training.trainer import Shard
 
 __all__ = ["DataBundle"]
@@ -44,6 +45,21 @@ class DataBundle:
         if self.shifts is not None:
             x += self.shifts[rank]
         return Shard(x, self.train_y[idx].clone())
+
+    def root(self, k: int, seed: int) -> Shard:
+        """The server's clean root data set: ``k`` training examples drawn uniformly without
+        replacement (``numpy`` generator seeded with ``seed``), true labels, no worker shift
+        (FLTrust, Cao et al., NDSS 2021). The examples may also be in a worker's shard: the root set
+        is clean, not disjoint.
+
+        Raises:
+            ConfigError: ``k`` is not in ``[1, N]``.
+        """
+        n_pool = int(self.train_y.shape[0])
+        if not 1 <= k <= n_pool:
+            raise ConfigError(f"server.root_samples must be in [1, {n_pool}] (the training pool); got {k}.")
+        idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 0x7007]).choice(n_pool, size=k, replace=False)))
+        return Shard(self.train_x[idx].clone(), self.train_y[idx].clone())
 
     def sizes(self) -> list[int]:
         """Number of training examples of every worker."""

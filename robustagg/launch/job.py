@@ -138,6 +138,8 @@ class WorkerParts:
             ``batch_loss``, ignored.
         batch_loss: ``(model, batch) -> scalar``: the loss over any batch a source yields.
         callbacks: ``cb(trainer, step_output)`` after every step, on every rank.
+        root: the server's clean root data set (the same in every process) for a rule that takes
+            a trusted update (FLTrust), or ``None``.
     """
 
     model: torch.nn.Module
@@ -151,6 +153,7 @@ class WorkerParts:
     loss_fn: Optional[Callable[..., torch.Tensor]] = None
     batch_loss: Optional[Callable[[torch.nn.Module, Any], torch.Tensor]] = None
     callbacks: Sequence[Callable[..., None]] = ()
+    root: Optional["Shard"] = None
 
 
 @dataclass

@@ -87,6 +87,8 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
         extra["loss_fn"] = parts.loss_fn
     if parts.batch_loss is not None:
         extra["batch_loss"] = parts.batch_loss
+    if parts.root is not None:
+        extra["root"] = parts.root
     trainer = Trainer(parts.model, parts.optimizer, reduction, parts.shards, batch_size=int(s.batch_size),
                       num_classes=int(parts.num_classes), seed=int(s.seed), scheduler=parts.scheduler,
                       worker_momentum=float(s.worker_momentum), byzantine=parts.byzantine, metrics=bool(s.metrics),

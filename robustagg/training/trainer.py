@@ -66,6 +66,10 @@ class Shard:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
+    def to(self, device: torch.device) -> "Shard":
+        """This shard on ``device``."""
+        return Shard(self.x.to(device), self.y.to(device))
+
 
 @dataclass
 class StepOutput:
@@ -133,6 +137,10 @@ class Trainer:
         injector: a :class:`~robustagg.training.faults.FaultInjector` (fault injection), or ``None``.
         batch_loss: ``(model, batch) -> scalar``: the loss over any batch a source yields
             (default: ``loss_fn(model(x), y)`` for ``(x, y)`` batches).
+        root: the server's clean root data set (the same in every process), or ``None``. Each step,
+            before the reduction, every process computes the plain gradient on all of it (no
+            momentum; dropout drawn from a stream seeded by ``(seed, step)``) and hands it to the
+            rule's ``set_trusted`` (FLTrust, Cao et al., NDSS 2021; the rule of a Pipeline).
 
     Raises:
         ConfigError: hosted workers and shards differ, Byzantine ranks out of range, every worker
@@ -145,8 +153,10 @@ class Trainer:
                  loss_fn: LossFn = F.cross_entropy, scheduler: Optional[Any] = None, worker_momentum: float = 0.0,
                  byzantine: Optional[ByzantineBehaviour] = None, metrics: bool = True,
                  identities: Optional[Mapping[int, int]] = None, injector: Optional["FaultInjector"] = None,
-                 batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None) -> None:
+                 batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
+                 root: Optional[Shard] = None) -> None:
         self.comm = reduction.comm
+        self.root, self.seed = root, int(seed)
         if sorted(shards) != list(self.comm.local_ranks):
             raise ConfigError(f"shards must be given for the hosted workers {list(self.comm.local_ranks)}; "
                               f"got {sorted(shards)}.")
@@ -304,6 +314,8 @@ class Trainer:
                 for r in mine:
                     subs[r] = rows[byz_ranks.index(r)].to(dtype=honest_rows.dtype,
                                                           device=honest_rows.device).contiguous()
+        if self.root is not None:
+            self._trust_root(step)
         reduced = self.reduction.reduce(subs, step=step, aux=aux, want_weights=self.metrics and self.is_main,
                                         headers=headers)
         if inj is not None:
@@ -315,6 +327,19 @@ class Trainer:
         self.current_step = None
         return StepOutput(step=step, reduced=reduced, byzantine=byz_ranks,
                           losses=[h.loss for h in reduced.headers], seconds=time.perf_counter() - t0)
+
+    def _trust_root(self, step: int) -> None:
+        """Give the rule this step's gradient on the root data set (identical in every process)."""
+        rule = getattr(self.reduction.rule, "rule", self.reduction.rule)  # a Pipeline's final rule
+        if not hasattr(rule, "set_trusted"):
+            raise ConfigError(f"root data was given but the rule {rule!r} takes no trusted update; use "
+                              "aggregator=fltrust or server.root_samples=0.")
+        saved = torch.get_rng_state()
+        torch.manual_seed(mix_seed(self.seed, step, 0x7007))
+        assert self.root is not None
+        g0, _ = self._gradient(self.root.x, self.root.y)
+        torch.set_rng_state(saved)
+        rule.set_trusted(g0)
 
     def apply(self, aggregate: torch.Tensor) -> None:
         """Set every parameter's gradient to its slice of ``aggregate`` and take one optimizer (and

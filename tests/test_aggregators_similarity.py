@@ -1,0 +1,356 @@
+"""SignGuard, ClippedClustering, FLAME, FLTrust, FoolsGold: hand-computed cases, state, seeds, memory.
+
+The generic property and float64-reference tests of the rule database cover these rules too
+(``tests/rule_db.py``); this file checks what is specific to them: values worked out by hand,
+the explicit state of the stateful and seeded rules, FLTrust's two ways of receiving the trusted
+update, the multi-step FoolsGold history against its reference, and the memory of a wide call.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import reference as R
+import robustagg as ra
+from rule_db import examples, make_input
+from test_aggregators_numerics import _peak_rss_bytes, _peak_rss_reset
+
+pytestmark = pytest.mark.filterwarnings("ignore::robustagg.AssumptionWarning")
+
+S2, S5 = math.sqrt(2.0), math.sqrt(5.0)
+
+
+def _t(rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+# --- SignGuard ------------------------------------------------------------------------------------
+def test_signguard_norm_band_by_hand():
+    # norms sqrt2, sqrt5, sqrt5, 50: median M = sqrt5; 50/sqrt5 = 22.4 > 3 drops the last row. Every
+    # row has the same signs, so the features coincide and MeanShift sees one cluster.
+    x = _t([[1.0, 1.0], [1.0, 2.0], [2.0, 1.0], [30.0, 40.0]])
+    out = ra.SignGuard(f=1, fraction=1.0)(x)
+    assert torch.allclose(out, _t([4 / 3, 4 / 3]), rtol=0, atol=1e-12)
+    # A wider band keeps it, clipped to norm M: (30, 40) * sqrt5 / 50 = (0.6 sqrt5, 0.8 sqrt5).
+    out = ra.SignGuard(f=1, fraction=1.0, upper=30.0)(x)
+    assert torch.allclose(out, _t([(4 + 0.6 * S5) / 4, (4 + 0.8 * S5) / 4]), rtol=0, atol=1e-12)
+
+
+def test_signguard_lower_band_and_clipping_by_hand():
+    # norms 0.01 sqrt2, sqrt2, sqrt5, sqrt5: M = (sqrt2 + sqrt5) / 2; 0.01 sqrt2 / M < 0.1 drops row 3;
+    # rows 1 and 2 (norm sqrt5 > M) are scaled by M / sqrt5.
+    x = _t([[1.0, 1.0], [1.0, 2.0], [2.0, 1.0], [0.01, 0.01]])
+    m = (S2 + S5) / 2
+    want = (x[0] + (x[1] + x[2]) * (m / S5)) / 3
+    assert torch.allclose(ra.SignGuard(f=1, fraction=1.0)(x), want, rtol=0, atol=1e-12)
+
+
+def test_signguard_sign_cluster_drops_a_flipped_row_inside_the_band():
+    # The last row has an honest norm but flipped signs: only the sign clustering removes it.
+    x = _t([[1.0, 2.0, 1.0], [2.0, 1.0, 1.0], [1.0, 1.0, 2.0], [-1.0, -2.0, -1.0]])
+    out = ra.SignGuard(f=1, fraction=1.0)(x)
+    assert torch.allclose(out, x[:3].mean(dim=0), rtol=0, atol=1e-12)
+    assert ra.SignGuard(f=1, fraction=1.0).weights(x).tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0])
+
+
+def test_signguard_column_sample_is_seeded_state():
+    x = torch.tensor(make_input("gauss", 9, 50, 0, 3))
+    a, b = ra.SignGuard(seed=5), ra.SignGuard(seed=5)
+    state = a.state_dict()
+    assert torch.equal(a.weights(x), b.weights(x))  # weights() does not advance the generator ...
+    outs = [a(x) for _ in range(4)]
+    assert not torch.equal(a.generator.get_state(), b.generator.get_state())  # ... a call does
+    a.load_state_dict(state)
+    assert all(torch.equal(a(x), o) for o in outs)  # the same draws again, in order
+    a.reset()
+    assert torch.equal(a(x), outs[0])
+
+
+def test_signguard_zero_median_norm_gives_zero():
+    x = _t([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    assert torch.equal(ra.SignGuard(f=1)(x), torch.zeros(2, dtype=torch.float64))
+
+
+# --- ClippedClustering ------------------------------------------------------------------------------
+CC_X = [[1.0, 0.0], [2.0, 0.2], [1.0, 0.1], [-5.0, 5.0]]
+
+
+def test_clipped_clustering_history_by_hand():
+    x = _t(CC_X)
+    rule = ra.ClippedClustering(f=1)
+    # Call 1: norms 1, sqrt(4.04), sqrt(1.01), sqrt(50); tau = (sqrt(1.01) + sqrt(4.04)) / 2, which
+    # scales (2, 0.2) by exactly 0.75; the cosine clusters are {0, 1, 2} and {3}.
+    out = rule(x)
+    assert torch.allclose(out, (x[0] + 0.75 * x[1] + x[2]) / 3, rtol=0, atol=1e-12)
+    # Call 2 on 10 x: the 8 norms seen are 1, 1.005, 2.01, 7.07, 10, 10.05, 20.1, 70.7, so
+    # tau = (sqrt(50) + 10) / 2 and each honest row comes out with norm tau.
+    out = rule(10 * x)
+    tau = (math.sqrt(50.0) + 10.0) / 2
+    units = x[:3] / torch.linalg.vector_norm(x[:3], dim=1, keepdim=True)
+    assert torch.allclose(out, tau * units.mean(dim=0), rtol=0, atol=1e-12)
+    assert rule.state_dict()["norms"].shape == (8,)
+
+
+def test_clipped_clustering_state_round_trip_matches_reference():
+    xs = [torch.tensor(make_input("outliers", 9, 4, 2, s)) for s in range(3)]
+    rule = ra.ClippedClustering(f=2)
+    rule(xs[0])
+    state = rule.state_dict()
+    hist = list(R.row_norms(xs[0]))
+    got = rule(xs[1])
+    assert np.allclose(got.numpy(), R.clipped_clustering(xs[1], hist), rtol=0, atol=1e-9 * float(xs[1].abs().max()))
+    fresh = ra.ClippedClustering(f=2)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh(xs[1]), got)
+    fresh.reset()
+    assert fresh.state_dict()["norms"].numel() == 0
+
+
+def test_clipped_clustering_two_rows_are_both_kept():
+    x = _t([[1.0, 0.0], [0.0, 3.0]])  # tau = 2: the second row is clipped to (0, 2)
+    assert torch.allclose(ra.ClippedClustering()(x), _t([0.5, 1.0]), rtol=0, atol=1e-12)
+
+
+# --- FLAME ------------------------------------------------------------------------------------------
+FLAME_X = [[1.0, 0.0], [1.0, 0.1], [1.1, 0.0], [0.0, -9.0]]
+
+
+def test_flame_noise_is_lambda_times_the_median_norm_and_seeded():
+    x = _t(FLAME_X)
+    quiet = ra.FLAME(f=1, lam=0.0)(x)
+    st_ = (math.sqrt(1.01) + 1.1) / 2  # median of the norms 1, 1.005, 1.1, 9
+    assert torch.allclose(quiet, _t([(2 + st_) / 3, 0.1 / 3]), rtol=0, atol=1e-12)
+    z = torch.randn(2, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    noisy = ra.FLAME(f=1, lam=0.01, seed=7)(x)
+    assert torch.allclose(noisy - quiet, 0.01 * st_ * z, rtol=0, atol=1e-12)
+    assert not torch.equal(ra.FLAME(f=1, lam=0.01, seed=8)(x), noisy)
+
+
+def test_flame_state_round_trip_replays_the_noise():
+    x = torch.tensor(make_input("outliers", 11, 20, 2, 4), dtype=torch.float32)
+    rule = ra.FLAME(f=2)
+    rule(x)
+    state = rule.state_dict()
+    second = rule(x)
+    other = ra.FLAME(f=2, seed=123)
+    other.load_state_dict(state)
+    assert torch.equal(other(x), second)
+    w = rule.weights(x)
+    assert torch.equal(rule.weights(x), w)  # no noise, no draw
+    assert int((w > 0).sum()) >= 6  # a majority cluster of the 9 honest rows
+
+
+def test_flame_two_equal_groups_stay_one_cluster():
+    # Two tight pairs at 90 degrees: neither pair reaches min_cluster_size = 3, so HDBSCAN (with
+    # allow_single_cluster) keeps the root cluster of all four: without an honest majority the
+    # clustering step protects nothing, as the requirement n >= 2f + 1 says.
+    x = _t([[1.0, 0.0], [1.0, 0.01], [0.0, 1.0], [0.01, 1.0]])
+    w = ra.FLAME(f=1, lam=0.0).weights(x)
+    assert bool((w > 0).all())
+
+
+# --- FLTrust ----------------------------------------------------------------------------------------
+def test_fltrust_by_hand_and_both_conventions_agree():
+    x = _t([[2.0, 0.0], [0.0, 1.0], [-5.0, 0.0]])
+    g0 = _t([1.0, 1.0])
+    rule = ra.FLTrust()
+    rule.set_trusted(g0)
+    out = rule(x)  # cos = 1/sqrt2, 1/sqrt2, -1/sqrt2 -> trust 1/sqrt2, 1/sqrt2, 0; rows rescaled to sqrt2
+    assert torch.allclose(out, _t([S2 / 2, S2 / 2]), rtol=0, atol=1e-12)
+    assert torch.equal(ra.FLTrust(root="last_row")(torch.cat([x, g0[None]])), out)
+    assert rule.trusted is None  # used once
+    with pytest.raises(ra.ConfigError, match="set_trusted"):
+        rule(x)
+    rule.set_trusted(g0)
+    assert torch.allclose(rule.weights(x), _t([S2 / 2 / 2, S2 / 2, 0.0]), rtol=0, atol=1e-12)
+    assert rule.trusted is not None  # weights() does not consume it
+    lr = ra.FLTrust(root="last_row").weights(torch.cat([x, g0[None]]))
+    assert lr.shape == (4,) and lr[3] == 0
+
+
+def test_fltrust_unrepresentative_root_follows_the_root_not_the_clients():
+    # Honest rows point to (+, +); a root update pointing to (-, -) trusts only the attacker's row.
+    x = _t([[1.0, 0.0], [0.0, 1.0], [-3.0, -3.1]])
+    rule = ra.FLTrust()
+    rule.set_trusted(_t([-1.0, -1.0]))
+    assert torch.allclose(rule(x), x[2] * (S2 / torch.linalg.vector_norm(x[2])), rtol=0, atol=1e-12)
+    rule.set_trusted(_t([0.0, 0.0]))  # no direction at all: zero update
+    assert torch.equal(rule(x), torch.zeros(2, dtype=torch.float64))
+
+
+@settings(max_examples=examples(20))
+@given(n=st.integers(1, 12), d=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), f=st.integers(0, 11))
+def test_fltrust_norm_never_exceeds_the_trusted_norm_whatever_f(n, d, seed, f):
+    x = torch.tensor(make_input("outliers", n, d, min(f, n), seed))
+    g0 = torch.tensor(np.random.default_rng(seed + 1).normal(size=d))
+    rule = ra.FLTrust(f=f)
+    rule.set_trusted(g0)
+    out = rule(x)
+    assert float(torch.linalg.vector_norm(out)) <= float(torch.linalg.vector_norm(g0)) * (1 + 1e-12)
+    assert np.allclose(out.numpy(), R.fltrust(x, g0), rtol=0, atol=1e-12 * (1 + float(x.abs().max())))
+
+
+# --- FoolsGold --------------------------------------------------------------------------------------
+def test_foolsgold_sybils_get_zero_weight_by_hand():
+    # cos(r0, r2) = cos(r0, r3) = 1/sqrt2, cos(r2, r3) = 1: v = (1/sqrt2, 1/sqrt2, 1, 1). Pardoning
+    # scales cs_02 and cs_03 by v_0/v_2 = 1/sqrt2 to 1/2: alpha = (1/2, 1/2, 0, 0) -> /max -> (1, 1, 0, 0)
+    # -> 0.99 -> ln 99 + 0.5 > 1 -> clipped to 1; 0 stays 0.
+    x = _t([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0], [5.0, 5.0]])
+    assert torch.allclose(ra.FoolsGold(f=2)(x), _t([0.5, 0.5]), rtol=0, atol=1e-12)
+    assert ra.FoolsGold(f=2).weights(x).tolist() == pytest.approx([0.5, 0.5, 0.0, 0.0])
+
+
+def test_foolsgold_logit_by_hand():
+    # r2 at 40 degrees between r0 = e1 and r1 = e2: cs_02 = cos 40, cs_12 = sin 40, cs_01 = 0;
+    # v = (cos40, sin40, cos40); row 1 is pardoned against rows 0 and 2: cs_12 -> sin40 * sin40/cos40.
+    # alpha = (1 - cos40, 1 - sin40^2/cos40, 1 - cos40); divided by alpha_1 (the max), alpha_1 -> 0.99
+    # -> logit clipped to 1; the others: ln(a / (1 - a)) + 0.5 with a = (1 - cos40)/alpha_1.
+    c, s = math.cos(math.radians(40)), math.sin(math.radians(40))
+    x = _t([[1.0, 0.0], [0.0, 1.0], [c, s]])
+    a1 = 1 - s * s / c
+    a = (1 - c) / a1
+    w = math.log(a / (1 - a)) + 0.5
+    assert 0 < w < 1  # an intermediate weight: the logit branch is exercised
+    want = (w * x[0] + x[1] + w * x[2]) / (2 * w + 1)
+    assert torch.allclose(ra.FoolsGold()(x), want, rtol=0, atol=1e-12)
+    assert R.foolsgold([x]) == pytest.approx(want.numpy(), abs=1e-12)
+
+
+@settings(max_examples=examples(10))
+@given(n=st.integers(2, 9), d=st.integers(1, 5), steps=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
+def test_foolsgold_history_over_steps_matches_reference(n, d, steps, seed):
+    xs = [torch.tensor(make_input("gauss", n, d, 0, seed + t)) for t in range(steps)]
+    rule = ra.FoolsGold()
+    for t, x in enumerate(xs):
+        out = rule(x)
+        want = R.foolsgold(xs[:t + 1])
+        assert np.allclose(out.numpy(), want, rtol=0, atol=1e-9 * max(float(xi.abs().max()) for xi in xs[:t + 1]))
+    assert torch.allclose(rule.state_dict()["history"], sum(xs), rtol=0, atol=1e-9 * float(sum(xs).abs().max()))
+
+
+def test_foolsgold_state_round_trip_and_restart_on_new_n():
+    xs = [torch.tensor(make_input("gauss", 6, 4, 0, s)) for s in range(3)]
+    rule = ra.FoolsGold()
+    rule(xs[0])
+    state = rule.state_dict()
+    second = rule(xs[1])
+    fresh = ra.FoolsGold()
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh(xs[1]), second)
+    assert torch.equal(rule.weights(xs[2]), rule.weights(xs[2]))  # weights() leaves the history alone
+    fewer = xs[2][:5]
+    assert torch.allclose(rule(fewer), ra.FoolsGold()(fewer), rtol=0, atol=1e-12)  # n changed: restart
+    assert rule.restarts == 1 and rule.state_dict()["history"].shape == (5, 4)
+
+
+# --- all five -----------------------------------------------------------------------------------------
+NEW = ["signguard", "clipped_clustering", "flame", "fltrust", "foolsgold"]
+
+
+def _build(name: str, f: int):
+    return ra.get(name, f=f, **({"root": "last_row"} if name == "fltrust" else {}))
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_large_d_without_n_by_n_by_d_temporaries(name):
+    # d = 2e6 float32, n = 10: 80 MB of input. FoolsGold keeps an (n, d) history (one input's size)
+    # by design; nothing may come near an (n, n, d) temporary (800 MB).
+    n, d = 10, 2_000_000
+    x = torch.empty(n, d, dtype=torch.float32).normal_(generator=torch.Generator().manual_seed(0))
+    x[3] = -x[3] * 20.0  # a flipped, scaled row
+    rule = _build(name, 2)
+    rule(x[:, :64])  # scikit-learn imported and warmed up outside the measurement
+    rule.reset()
+    if not _peak_rss_reset():
+        pytest.skip("peak RSS cannot be reset on this platform")
+    base = _peak_rss_bytes()
+    out = rule(x)
+    extra = _peak_rss_bytes() - base
+    assert out.shape == (d,) and out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert extra < 3 * x.numel() * x.element_size(), f"{name} peaked {extra / 2**20:.0f} MiB above its input"
+
+
+def test_importing_robustagg_does_not_import_sklearn():
+    code = "import sys, robustagg; print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name", ["signguard", "clipped_clustering", "flame", "foolsgold"])
+def test_rules_drop_a_far_flipped_minority(name):
+    # 9 honest rows around a common direction, 2 attackers sending -20x that direction: each rule
+    # gives the attackers zero weight and stays close to the honest mean.
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=30)
+    honest = base + 0.3 * rng.normal(size=(9, 30))
+    x = torch.tensor(np.vstack([honest, -20 * base[None].repeat(2, 0)]))
+    rule = _build(name, 2)
+    w = rule.weights(x)
+    assert float(w[9:].abs().max()) == 0.0, w
+    cos = float(torch.nn.functional.cosine_similarity(rule(x), torch.tensor(honest.mean(0)), dim=0))
+    assert cos > 0.95
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_float64_rows_beyond_1e154_are_finite_inputs(name):
+    # Their squares overflow float64: the Gram matrix is recomputed on rows rescaled
+    # by a power of two, so cosines and norm ratios stay exact.
+    rng = np.random.default_rng(3)
+    x = torch.tensor(rng.normal(size=(9, 6)))
+    x[4] = 1e200 * x[4].sign()
+    out = _build(name, 2)(x)
+    assert torch.isfinite(out).all(), out
+    if name != "foolsgold":  # every other rule clips to an honest norm (or the trusted one)
+        assert float(out.abs().max()) <= 10 * float(torch.cat([x[:4], x[5:]]).abs().max())
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_nan_and_inf_rows_are_named_and_leave_the_state_alone(name):
+    rng = np.random.default_rng(5)
+    x = torch.tensor(rng.normal(size=(9, 4)))
+    rule = _build(name, 2)
+    rule(x)
+    before = rule.state_dict()
+    bad = x.clone()
+    bad[1, 0], bad[4, 2] = math.nan, math.inf
+    with pytest.raises(ra.NonFiniteInputError, match=r"in rows \[1, 4\]"):
+        rule(bad)
+    after = rule.state_dict()
+    for key, value in before.items():
+        same = torch.equal(value, after[key]) if isinstance(value, torch.Tensor) else value == after[key]
+        assert same, key
+
+
+def test_fltrust_given_mode_names_nan_rows_from_its_gram_pass():
+    # FLTrust(root="given") skips the separate finiteness pass: its Gram pass must name the rows.
+    x = torch.tensor(np.random.default_rng(2).normal(size=(5, 3)))
+    x[2, 1] = math.nan
+    rule = ra.FLTrust()
+    rule.set_trusted(torch.ones(3, dtype=torch.float64))
+    assert rule.gram_checks_finite
+    with pytest.raises(ra.NonFiniteInputError, match=r"in rows \[2\]"):
+        rule(x)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_state_survives_a_checkpoint_file(name, tmp_path):
+    # The trainer checkpoints rule.state_dict() with robustagg.checkpoint.save_state: the restored
+    # rule continues exactly (same history, same generator draws).
+    from robustagg.checkpoint import load_state, save_state
+
+    xs = [torch.tensor(make_input("outliers", 9, 5, 2, s), dtype=torch.float32) for s in range(3)]
+    rule = _build(name, 2)
+    rule(xs[0])
+    save_state(tmp_path / "rule.pt", rule.state_dict())
+    want = [rule(x) for x in xs[1:]]
+    restored = _build(name, 2)
+    restored.load_state_dict(load_state(tmp_path / "rule.pt"))
+    assert all(torch.equal(restored(x), w) for x, w in zip(xs[1:], want))
