@@ -337,7 +337,7 @@ class Trainer:
         saved = torch.get_rng_state()
         torch.manual_seed(mix_seed(self.seed, step, 0x7007))
         assert self.root is not None
-        g0, _ = self._gradient(self.root.x, self.root.y)
+        g0, _ = self._gradient((self.root.x, self.root.y))
         torch.set_rng_state(saved)
         rule.set_trusted(g0)
 
