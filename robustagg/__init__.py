@@ -14,7 +14,7 @@ from ._tensor import as_matrix, check_finite, flatten, nonfinite_rows, unflatten
 from .aggregators import (Aggregator, Bulyan, CenteredClipping, CoordinateWiseMedian, CoordinateWiseTrimmedMean,
                           GeometricMedian, Krum, Mean, MeaMed, MinimumDiameterAveraging, MultiKrum)
 from .errors import (AssumptionError, AssumptionWarning, CheckpointError, ConfigError, DesyncError, IntegrityError,
-                     NonFiniteInputError, RobustAggError, ShapeError)
+                     Interrupted, NonFiniteInputError, RobustAggError, ShapeError)
 from .preaggregation import ARC, NNM, Bucketing, Clipping, Pipeline, PreAggregator, build_pipeline
 from .registry import available, get, lookup
 from .requirements import Requirement, lower_bound_kappa
@@ -28,5 +28,5 @@ __all__ = [
     "PreAggregator", "NNM", "Bucketing", "Clipping", "ARC", "Pipeline", "build_pipeline",
     "available", "get", "lookup", "Requirement", "lower_bound_kappa",
     "RobustAggError", "AssumptionError", "AssumptionWarning", "ShapeError", "NonFiniteInputError", "ConfigError",
-    "IntegrityError", "DesyncError", "CheckpointError",
+    "IntegrityError", "DesyncError", "CheckpointError", "Interrupted",
 ]

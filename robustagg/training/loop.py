@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
+from ..distributed.lifeline import beat
+from ..errors import Interrupted
 from .evidence import StragglerLog
 from .trainer import StepOutput, Trainer
 
@@ -187,10 +189,19 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         on_detect: called (main process) with a detection record when a non-finite submission
             is dropped or a straggler is flagged: ``{"kind", "step", "ranks"/"rank", ...}``.
 
+    Stopping: a rank whose process received a stop request
+    (:func:`robustagg.distributed.lifeline.request_stop`, installed as the SIGTERM/SIGINT handler
+    of the workers :func:`robustagg.distributed.spawn` starts) announces it in its next step
+    header; every rank reads every header, so all of them finish that step, take the final
+    committed checkpoint (when ``checkpointer`` is set) and raise
+    :class:`~robustagg.errors.Interrupted` after the same step. A request agreed at the last step
+    is ignored: the run completes.
+
     Returns:
         a :class:`RunSummary`.
 
     Raises:
+        Interrupted: a stop was requested (see above); ``step`` is the number of completed steps.
         DesyncError: and whatever else a step raises (integrity, requirement, collective timeout).
     """
     main = trainer.is_main
@@ -218,22 +229,10 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
             summary.best_test_acc = acc
         emit({"kind": "test", "step": trainer.step_id, **res})
 
-    t0 = time.perf_counter()
-    first = trainer.step_id
-    end = first + steps
-    for _ in range(steps):
-        out = trainer.step()
-        for cb in callbacks:
-            cb(trainer, out)
-        done = trainer.step_id
-        if param_check_every and done % param_check_every == 0 and done != end:
-            trainer.check_parameters()
-        if checkpointer is not None and done != end and checkpointer.due(done):
-            checkpointer.save(trainer)
-        if not main:
-            continue
+    def log_step(out: StepOutput, done: int) -> None:
         if stragglers is not None:
-            for flag in stragglers.add(done, [h.seconds for h in out.reduced.headers]):
+            for flag in stragglers.add(done, [h.seconds for h in out.reduced.headers],
+                                       arrivals=[h.sent_at for h in out.reduced.headers]):
                 if on_detect is not None:
                     on_detect({"kind": "straggler", **flag})
         if out.reduced.dropped and on_detect is not None:
@@ -256,6 +255,31 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
             if math.isfinite(rec.get("agg/kappa_hat", math.nan)):
                 post["kappa"] = f"{rec['agg/kappa_hat']:.2g}"
             bar.set_postfix(post, refresh=False)
+
+    t0 = time.perf_counter()
+    first = trainer.step_id
+    end = first + steps
+    for _ in range(steps):
+        beat(trainer.step_id)
+        out = trainer.step()
+        for cb in callbacks:
+            cb(trainer, out)
+        done = trainer.step_id
+        if param_check_every and done % param_check_every == 0 and done != end:
+            trainer.check_parameters()
+        if checkpointer is not None and done != end and checkpointer.due(done):
+            checkpointer.save(trainer)
+        if main:
+            log_step(out, done)
+        stop = trainer.stop_request
+        if stop is not None and done != end:  # every rank read the same headers: all stop here
+            if checkpointer is not None and checkpointer.last_saved != done:
+                checkpointer.save(trainer)  # the final committed checkpoint of an interrupted run
+            beat(done)
+            bar.close()
+            raise Interrupted(done, signum=stop[1], checkpointed=checkpointer is not None,
+                              detail=f"Rank {stop[0]} received the stop request; every rank stopped after step {done}.")
+    beat(trainer.step_id)
     trainer.check_parameters()
     if checkpointer is not None and checkpointer.last_saved != trainer.step_id:
         checkpointer.save(trainer)  # the committed end state (on clean exit)
