@@ -368,7 +368,12 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, st
     with tempfile.TemporaryDirectory(prefix="robustagg-failures-") as failure_dir, _Signals(forward_signals) as sig:
         ctx = mp.start_processes(_entry, args=(fn, failure_dir, tuple(args), os.getpid(), beats), nprocs=nprocs,
                                  join=False, start_method=start_method)
-        _supervise(list(ctx.processes), Path(failure_dir), beats, sig, float(grace_seconds), stop_timeout)
+        procs = list(ctx.processes)
+        try:
+            _supervise(procs, Path(failure_dir), beats, sig, float(grace_seconds), stop_timeout)
+        finally:  # whatever ends the supervision (also an exception in this process), no worker outlives it
+            if any(p.is_alive() and lifeline.is_running(p.pid) for p in procs):
+                _stop_now(procs, Path(failure_dir), float(grace_seconds))
 
 
 def _supervise(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, sig: _Signals, grace: float,
@@ -376,7 +381,7 @@ def _supervise(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, 
     """Wait for the workers; on a failure or a stop request, stop them and raise."""
     forwarded: Optional[float] = None
     while True:
-        codes = [p.exitcode for p in procs]
+        codes = _exit_codes(procs)
         failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             err = _teardown(procs, failure_dir, beats, grace, first=failed[0])
@@ -399,8 +404,10 @@ def _supervise(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, 
             _stop_now(procs, failure_dir, grace)
             why = "a second signal" if sig.count >= 2 else f"the workers did not stop within {stop_timeout:g} s"
             raise Interrupted(None, signum=sig.signum, detail=f"The workers were terminated after {why}.")
-        alive = [p.sentinel for p in procs if p.exitcode is None]
-        multiprocessing.connection.wait([*alive, sig.read_fd], timeout=None if forwarded is None else 1.0)
+        alive = [p.sentinel for p, c in zip(procs, codes) if c is None]
+        # A sentinel stays unreadable while any process that inherited it lives, and a worker reaped
+        # elsewhere never gets an exit code: wake up every second and look at the pids themselves.
+        multiprocessing.connection.wait([*alive, sig.read_fd], timeout=1.0)
         sig.drain()
     records = _records(failure_dir)
     stopped = [r for r in records if r.get("interrupted")]
@@ -414,14 +421,27 @@ def _supervise(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, 
     raise Interrupted(int(steps[0]), signum=signum, checkpointed=all(bool(r.get("checkpointed")) for r in stopped))
 
 
+def _exit_codes(procs: list[Any]) -> list[Optional[int]]:
+    """Every worker's exit code; ``0`` for a worker whose process is gone but was reaped elsewhere
+    (its exit status is lost; a failure it saw is still in its failure record), ``None`` while it runs."""
+    codes: list[Optional[int]] = []
+    for p in procs:
+        code = p.exitcode
+        if code is None and not lifeline.is_running(p.pid):
+            code = p.exitcode  # it exited just now (a zombie, reaped here), or was reaped elsewhere: None
+            code = 0 if code is None else code
+        codes.append(code)
+    return codes
+
+
 def _stop_now(procs: list[Any], failure_dir: Path, grace: float) -> tuple[list[int], list[int]]:
     """SIGTERM (as a teardown) every live worker, SIGKILL those still alive after ``grace``."""
     (failure_dir / _TEARDOWN).touch()
-    termed = [i for i, p in enumerate(procs) if p.is_alive()]
+    termed = [i for i, p in enumerate(procs) if p.is_alive() and lifeline.is_running(p.pid)]
     for i in termed:
         procs[i].terminate()
     _join_all(procs, grace)
-    killed = [i for i, p in enumerate(procs) if p.is_alive()]
+    killed = [i for i, p in enumerate(procs) if p.is_alive() and lifeline.is_running(p.pid)]
     for i in killed:
         procs[i].kill()
     for p in procs:
@@ -439,12 +459,12 @@ def _teardown(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, g
               first: int) -> WorkerFailedError:
     """Stop the group after worker ``first`` failed, observing who was still running and in which state."""
     detected = time.time()
-    running = [i for i, p in enumerate(procs) if p.exitcode is None]
+    running = [i for i, c in enumerate(_exit_codes(procs)) if c is None]
     states = {i: _proc_state(procs[i].pid) for i in running}
     hb = beats.read()
     _join_all(procs, grace)  # survivors usually fail their own collective and exit
     termed, killed = _stop_now(procs, failure_dir, grace)
-    return _failure(first, [p.exitcode for p in procs], _records(failure_dir), detected=detected, states=states,
+    return _failure(first, _exit_codes(procs), _records(failure_dir), detected=detected, states=states,
                     heartbeats=hb, terminated=termed, killed=killed, grace=grace)
 
 

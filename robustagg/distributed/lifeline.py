@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Optional
 
-__all__ = ["die_with", "request_stop", "stop_requested", "clear_stop", "Heartbeats", "attach", "mark", "beat",
+__all__ = ["die_with", "is_running", "request_stop", "stop_requested", "clear_stop", "Heartbeats", "attach", "mark", "beat",
            "PHASES", "STARTED", "JOINING", "JOINED", "TRAINING"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -55,8 +55,14 @@ def _set_pdeathsig(sig: int) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie counts as exited)."""
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie counts as exited).
+
+    Example:
+        >>> import os
+        >>> is_running(os.getpid())
+        True
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -87,7 +93,7 @@ def _watch(pid: int, poll_seconds: float, parent: int) -> None:
     if fd is not None:
         select.select([fd], [], [])  # readable once the process has exited
         _kill_self()
-    while _alive(pid) and (parent != pid or os.getppid() == parent):
+    while is_running(pid) and (parent != pid or os.getppid() == parent):
         time.sleep(poll_seconds)
     _kill_self()
 
@@ -119,7 +125,7 @@ def die_with(launcher_pid: int, *, poll_seconds: float = 0.5) -> list[str]:
     how: list[str] = []
     if parent == pid and _set_pdeathsig(signal.SIGKILL):
         how.append("pdeathsig")
-    if not _alive(pid) or (parent == pid and os.getppid() != parent):
+    if not is_running(pid) or (parent == pid and os.getppid() != parent):
         _kill_self()  # the launcher died before the signal was armed
     how.append("pidfd" if hasattr(os, "pidfd_open") else "poll")
     threading.Thread(target=_watch, args=(pid, float(poll_seconds), parent), name="robustagg-lifeline",

@@ -180,9 +180,13 @@ class StragglerLog:
       when the last rank arrives, so the rank everyone waited for is the one that arrived last,
       and ``waited_s`` (how long the others waited for rank r) is the median over the other
       ranks q of ``max(0, arrival_r - arrival_q)``. The last rank is flagged when its ``waited_s``
-      exceeds ``min_seconds`` and ``factor`` times the step's median compute time. This catches a stall
-      outside the compute window (a paused process, a slow data load, a GC pause) that compute
-      times do not show. Arrival times on different hosts differ by their clock skew.
+      exceeds ``min_seconds`` and ``factor`` times the median *step period* of the steps before
+      (the time between two consecutive exchanges, i.e. between their last arrivals): the others
+      waited for it longer than ``factor`` normal steps. This catches a stall outside the compute
+      window (a paused process, a slow data load, a GC pause) that compute times do not show,
+      without flagging the main rank's routine per-step logging. It needs one period recorded
+      before the step (from the third step of a log on). Arrival times on different hosts differ
+      by their clock skew.
 
     One record per flagged (step, rank): ``{"step", "rank", "seconds" (its compute time),
     "median_s" (the step's median compute time), "waited_s", "cause"}``, ``cause`` being
@@ -192,16 +196,20 @@ class StragglerLog:
         factor: how many medians make a straggler (> 1).
         min_seconds: ignore stalls shorter than this (timer noise on tiny models), in seconds.
 
-    Example (rank 1 computes 0.9 s at step 2; rank 2 arrives 3 s late at step 3, compute normal):
+    Example (steps every 0.25 s; rank 1 computes 0.9 s at step 3; rank 2 arrives late at step 4
+    with a normal compute time; the periods before step 4 are 0.25 s and 1.25 s, median 0.75 s;
+    with step 4's own 4.75 s, the median period is 1.25 s):
         >>> log = StragglerLog(factor=5, min_seconds=0.1)
         >>> log.add(1, [0.01, 0.01, 0.01], arrivals=[100.0, 100.0, 100.0])
         []
-        >>> log.add(2, [0.01, 0.9, 0.01], arrivals=[200.0, 201.0, 200.0])
-        [{'step': 2, 'rank': 1, 'seconds': 0.9, 'median_s': 0.01, 'waited_s': 1.0, 'cause': 'compute'}]
-        >>> log.add(3, [0.01, 0.01, 0.01], arrivals=[300.0, 300.5, 303.5])  # waits 3.5 and 3.0: median 3.25
-        [{'step': 3, 'rank': 2, 'seconds': 0.01, 'median_s': 0.01, 'waited_s': 3.25, 'cause': 'outside compute'}]
-        >>> rep = log.report(); rep["per_rank"]["1"]["max_s"], rep["per_rank"]["2"]["waited_for_max_s"]
-        (0.9, 3.25)
+        >>> log.add(2, [0.01, 0.01, 0.01], arrivals=[100.25, 100.25, 100.25])  # one period: 0.25 s
+        []
+        >>> log.add(3, [0.01, 0.9, 0.01], arrivals=[100.5, 101.5, 100.5])  # waited 1.0 s < 5 x 0.25 s
+        [{'step': 3, 'rank': 1, 'seconds': 0.9, 'median_s': 0.01, 'waited_s': 1.0, 'cause': 'compute'}]
+        >>> log.add(4, [0.01, 0.01, 0.01], arrivals=[101.75, 102.25, 106.25])  # waits 4.5, 4.0: median 4.25 > 5 x 0.75
+        [{'step': 4, 'rank': 2, 'seconds': 0.01, 'median_s': 0.01, 'waited_s': 4.25, 'cause': 'outside compute'}]
+        >>> rep = log.report(); rep["per_rank"]["1"]["max_s"], rep["per_rank"]["2"]["waited_for_max_s"], rep["period_p50_s"]
+        (0.9, 4.25, 1.25)
     """
 
     def __init__(self, factor: float = 10.0, min_seconds: float = 0.05) -> None:
@@ -209,6 +217,8 @@ class StragglerLog:
         self.min_seconds = float(min_seconds)
         self.times: dict[int, list[float]] = {}
         self.waited_for: dict[int, list[float]] = {}
+        self.periods: list[float] = []
+        self._last_exchange = math.nan
         self.flagged: list[dict[str, Any]] = []
 
     @staticmethod
@@ -244,6 +254,13 @@ class StragglerLog:
                 self.times.setdefault(r, []).append(s)
             if math.isfinite(waited[r]):
                 self.waited_for.setdefault(r, []).append(waited[r])
+        period = float(np.median(self.periods)) if self.periods else math.nan
+        times = [float(a) for a in arrivals or () if math.isfinite(float(a))]
+        if times:
+            exchange = max(times)
+            if math.isfinite(self._last_exchange):
+                self.periods.append(exchange - self._last_exchange)
+            self._last_exchange = exchange
         finite = [s for s in vals if math.isfinite(s)]
         if not finite:
             return []
@@ -253,7 +270,8 @@ class StragglerLog:
         new = []
         for r, s in enumerate(vals):
             slow = math.isfinite(s) and s > self.factor * med and s > self.min_seconds
-            late = r == last and waited[r] > self.factor * med and waited[r] > self.min_seconds
+            late = (r == last and math.isfinite(period) and waited[r] > self.factor * period
+                    and waited[r] > self.min_seconds)
             if slow or late:
                 new.append({"step": int(step), "rank": r, "seconds": s, "median_s": med, "waited_s": waited[r],
                             "cause": "compute" if slow else "outside compute"})
@@ -261,14 +279,15 @@ class StragglerLog:
         return new
 
     def report(self) -> dict[str, Any]:
-        """``{"p50_s", "p99_s" (compute, over every rank-step), "per_rank": {rank: {"p50_s", "p99_s",
-        "max_s", "steps", "waited_for_max_s"}}, "stragglers": [flagged steps], "factor", "min_seconds"}``."""
+        """``{"p50_s", "p99_s" (compute, over every rank-step), "period_p50_s" (median step period),
+        "per_rank": {rank: {"p50_s", "p99_s", "max_s", "steps", "waited_for_max_s"}}, "stragglers":
+        [flagged steps], "factor", "min_seconds"}``."""
         every = [s for v in self.times.values() for s in v]
 
         def pct(v: list[float], q: float) -> float:
             return float(np.percentile(v, q)) if v else math.nan
 
-        return {"p50_s": pct(every, 50), "p99_s": pct(every, 99),
+        return {"p50_s": pct(every, 50), "p99_s": pct(every, 99), "period_p50_s": pct(self.periods, 50),
                 "per_rank": {str(r): {"p50_s": pct(v, 50), "p99_s": pct(v, 99), "max_s": max(v), "steps": len(v),
                                       "waited_for_max_s": max(self.waited_for.get(r, [math.nan]))}
                              for r, v in sorted(self.times.items())},

@@ -259,9 +259,10 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
     t0 = time.perf_counter()
     first = trainer.step_id
     end = first + steps
+    beat(first)  # heartbeat for the launcher (a no-op outside spawn()): completed steps
     for _ in range(steps):
-        beat(trainer.step_id)
         out = trainer.step()
+        beat(trainer.step_id)
         for cb in callbacks:
             cb(trainer, out)
         done = trainer.step_id
@@ -275,11 +276,9 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         if stop is not None and done != end:  # every rank read the same headers: all stop here
             if checkpointer is not None and checkpointer.last_saved != done:
                 checkpointer.save(trainer)  # the final committed checkpoint of an interrupted run
-            beat(done)
             bar.close()
             raise Interrupted(done, signum=stop[1], checkpointed=checkpointer is not None,
                               detail=f"Rank {stop[0]} received the stop request; every rank stopped after step {done}.")
-    beat(trainer.step_id)
     trainer.check_parameters()
     if checkpointer is not None and checkpointer.last_saved != trainer.step_id:
         checkpointer.save(trainer)  # the committed end state (on clean exit)
