@@ -240,3 +240,14 @@ def test_interrupted_message_and_exit_code():
     exc = Interrupted(12, signum=int(signal.SIGTERM), checkpointed=True)
     assert str(exc).startswith("interrupted at step 12; run the same command to resume (SIGTERM;")
     assert exc.exit_code == 143 and Interrupted(None, signum=int(signal.SIGINT)).exit_code == 130
+
+
+def test_waiting_for_the_main_ranks_own_evaluation_is_excused_not_a_straggler():
+    # Periods 0.1 s; at step 3 rank 0 arrives 2 s late because it evaluated for 1.95 s after step 2.
+    arrivals = [[10.0, 10.0, 10.0], [10.1, 10.1, 10.1], [12.1, 10.1, 10.1]]
+    secs = [0.01, 0.01, 0.01]
+    for excused, want in (({0: 1.95}, []), ({}, [(3, 0, 2.0)])):
+        log = StragglerLog(factor=10, min_seconds=0.05)
+        flags = [log.add(step, secs, arrivals=a, excused=excused) for step, a in enumerate(arrivals, start=1)]
+        # waited_s for rank 0 at step 3: both others waited 12.1 - 10.1 = 2.0 s; 2.0 - 1.95 = 0.05 is not > 10 x 0.1
+        assert [(x["step"], x["rank"], round(x["waited_s"], 9)) for f in flags for x in f] == want

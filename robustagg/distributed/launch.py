@@ -372,7 +372,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, st
         try:
             _supervise(procs, Path(failure_dir), beats, sig, float(grace_seconds), stop_timeout)
         finally:  # whatever ends the supervision (also an exception in this process), no worker outlives it
-            if any(p.is_alive() and lifeline.is_running(p.pid) for p in procs):
+            if any(p.is_alive() and _exists(p.pid) for p in procs):
                 _stop_now(procs, Path(failure_dir), float(grace_seconds))
 
 
@@ -427,21 +427,33 @@ def _exit_codes(procs: list[Any]) -> list[Optional[int]]:
     codes: list[Optional[int]] = []
     for p in procs:
         code = p.exitcode
-        if code is None and not lifeline.is_running(p.pid):
-            code = p.exitcode  # it exited just now (a zombie, reaped here), or was reaped elsewhere: None
+        if code is None and not _exists(p.pid):
+            code = p.exitcode  # it exited and was reaped here just now, or was reaped elsewhere: None
             code = 0 if code is None else code
         codes.append(code)
     return codes
 
 
+def _exists(pid: int) -> bool:
+    """Whether pid ``pid`` exists (a child that exited but was not reaped yet still does: while its
+    other threads finish, its main thread already reads as a zombie, and it cannot be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - the pid was reused by another user's process
+        return True
+    return True
+
+
 def _stop_now(procs: list[Any], failure_dir: Path, grace: float) -> tuple[list[int], list[int]]:
     """SIGTERM (as a teardown) every live worker, SIGKILL those still alive after ``grace``."""
     (failure_dir / _TEARDOWN).touch()
-    termed = [i for i, p in enumerate(procs) if p.is_alive() and lifeline.is_running(p.pid)]
+    termed = [i for i, p in enumerate(procs) if p.is_alive() and _exists(p.pid)]
     for i in termed:
         procs[i].terminate()
     _join_all(procs, grace)
-    killed = [i for i, p in enumerate(procs) if p.is_alive() and lifeline.is_running(p.pid)]
+    killed = [i for i, p in enumerate(procs) if p.is_alive() and _exists(p.pid)]
     for i in killed:
         procs[i].kill()
     for p in procs:

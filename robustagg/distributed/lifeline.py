@@ -104,6 +104,9 @@ def die_with(launcher_pid: int, *, poll_seconds: float = 0.5) -> list[str]:
     Call it first thing in a worker. Works for every start method: the parent-death signal covers
     a launcher that is the parent (``fork``, ``spawn``), the watchdog thread covers the
     ``forkserver`` (whose workers are the forkserver's children) and platforms without ``prctl``.
+    The parent-death signal fires when the launcher *thread* that started the worker ends, so
+    call :func:`~robustagg.distributed.spawn` from a thread that outlives its workers (its
+    main thread, typically).
 
     Args:
         launcher_pid: the pid of the process whose death must end this one (``os.getpid()`` of
@@ -123,7 +126,10 @@ def die_with(launcher_pid: int, *, poll_seconds: float = 0.5) -> list[str]:
         raise ValueError(f"die_with: poll_seconds must be > 0; got {poll_seconds}.")
     pid, parent = int(launcher_pid), os.getppid()
     how: list[str] = []
-    if parent == pid and _set_pdeathsig(signal.SIGKILL):
+    # The kernel sends the parent-death signal when the parent *thread* that forked us ends: not
+    # armed when torch starts workers from a thread pool (TORCH_MP_PARALLEL_START=1).
+    pooled = os.environ.get("TORCH_MP_PARALLEL_START", "0") == "1"
+    if parent == pid and not pooled and _set_pdeathsig(signal.SIGKILL):
         how.append("pdeathsig")
     if not is_running(pid) or (parent == pid and os.getppid() != parent):
         _kill_self()  # the launcher died before the signal was armed

@@ -20,7 +20,7 @@ import re
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -184,7 +184,8 @@ class StragglerLog:
       (the time between two consecutive exchanges, i.e. between their last arrivals): the others
       waited for it longer than ``factor`` normal steps. This catches a stall outside the compute
       window (a paused process, a slow data load, a GC pause) that compute times do not show,
-      without flagging the main rank's routine per-step logging. It needs one period recorded
+      without flagging the main rank's routine per-step logging (and, through ``excused``, its
+      evaluations). It needs one period recorded
       before the step (from the third step of a log on). Arrival times on different hosts differ
       by their clock skew.
 
@@ -237,10 +238,17 @@ class StragglerLog:
             out.append(math.nan if not math.isfinite(ar) else float(np.median(others)) if others else 0.0)
         return out
 
-    def add(self, step: int, seconds: Sequence[float], arrivals: Optional[Sequence[float]] = None
-            ) -> list[dict[str, Any]]:
+    def add(self, step: int, seconds: Sequence[float], arrivals: Optional[Sequence[float]] = None,
+            excused: Optional[Mapping[int, float]] = None) -> list[dict[str, Any]]:
         """Record one step (1-based number) of per-rank compute seconds and, optionally, arrival times
         (``time.time()`` seconds, one per rank); returns the stragglers it flags (see the class).
+
+        Args:
+            step: the step's 1-based number. seconds: compute seconds per rank.
+            arrivals: arrival times at the step's header exchange, one per rank (``None``: compute only).
+            excused: ``{rank: seconds}`` of known duties that delayed a rank's arrival (the main
+                rank's logging and evaluation of the previous step), subtracted from ``waited_s``
+                before the flag decision; the record keeps the measured ``waited_s``.
 
         Raises:
             ValueError: ``arrivals`` does not have one entry per rank.
@@ -249,6 +257,7 @@ class StragglerLog:
         if arrivals is not None and len(arrivals) != len(vals):
             raise ValueError(f"StragglerLog.add: arrivals needs one time per rank ({len(vals)}); got {len(arrivals)}.")
         waited = self.waits(arrivals) if arrivals is not None else [math.nan] * len(vals)
+        excuse = [float((excused or {}).get(r, 0.0)) for r in range(len(vals))]
         for r, s in enumerate(vals):
             if math.isfinite(s):
                 self.times.setdefault(r, []).append(s)
@@ -270,8 +279,9 @@ class StragglerLog:
         new = []
         for r, s in enumerate(vals):
             slow = math.isfinite(s) and s > self.factor * med and s > self.min_seconds
-            late = (r == last and math.isfinite(period) and waited[r] > self.factor * period
-                    and waited[r] > self.min_seconds)
+            unexplained = waited[r] - excuse[r]
+            late = (r == last and math.isfinite(period) and unexplained > self.factor * period
+                    and unexplained > self.min_seconds)
             if slow or late:
                 new.append({"step": int(step), "rank": r, "seconds": s, "median_s": med, "waited_s": waited[r],
                             "cause": "compute" if slow else "outside compute"})

@@ -229,10 +229,13 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
             summary.best_test_acc = acc
         emit({"kind": "test", "step": trainer.step_id, **res})
 
+    busy = [0.0]  # seconds the main rank spent logging and evaluating after the previous step
+
     def log_step(out: StepOutput, done: int) -> None:
         if stragglers is not None:
             for flag in stragglers.add(done, [h.seconds for h in out.reduced.headers],
-                                       arrivals=[h.sent_at for h in out.reduced.headers]):
+                                       arrivals=[h.sent_at for h in out.reduced.headers],
+                                       excused={trainer.comm.rank: busy[0]}):
                 if on_detect is not None:
                     on_detect({"kind": "straggler", **flag})
         if out.reduced.dropped and on_detect is not None:
@@ -271,7 +274,9 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         if checkpointer is not None and done != end and checkpointer.due(done):
             checkpointer.save(trainer)
         if main:
+            tl = time.perf_counter()
             log_step(out, done)
+            busy[0] = time.perf_counter() - tl  # delays this rank's next header: not a stall
         stop = trainer.stop_request
         if stop is not None and done != end:  # every rank read the same headers: all stop here
             if checkpointer is not None and checkpointer.last_saved != done:
