@@ -179,7 +179,9 @@ def test_a_rank_stalled_outside_compute_is_the_straggler_everyone_waited_for(tmp
     got = json.loads((tmp_path / "out.json").read_text())
     rec = [x for x in got["report"]["stragglers"] if (x["step"], x["rank"]) == (4, 1)]
     assert len(rec) == 1 and rec[0]["cause"] == "outside compute", got["report"]["stragglers"]
-    assert 2.0 <= rec[0]["waited_s"] <= 2.5 + 1e-6 and rec[0]["seconds"] < 1.0
+    # waited = 2.5 s + rank 1's own compute after the sleep - the others' compute (and rank 0's logging)
+    # before the exchange: within 0.5 s of the sleep unless the machine stalls a process for longer.
+    assert 2.0 <= rec[0]["waited_s"] <= 3.0 and rec[0]["seconds"] < 1.0
     assert {"kind": "straggler", **rec[0]} in got["detected"]
     assert got["report"]["per_rank"]["1"]["waited_for_max_s"] == rec[0]["waited_s"]
 
