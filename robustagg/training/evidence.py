@@ -197,9 +197,11 @@ class StragglerLog:
         factor: how many medians make a straggler (> 1).
         min_seconds: ignore stalls shorter than this (timer noise on tiny models), in seconds.
 
-    Example (steps every 0.25 s; rank 1 computes 0.9 s at step 3; rank 2 arrives late at step 4
-    with a normal compute time; the periods before step 4 are 0.25 s and 1.25 s, median 0.75 s;
-    with step 4's own 4.75 s, the median period is 1.25 s):
+    In the example, steps come every 0.25 s; rank 1 computes 0.9 s at step 3; rank 2 arrives late
+    at step 4 with a normal compute time (the periods before step 4 are 0.25 s and 1.25 s, median
+    0.75 s; with step 4's own 4.75 s, the median period is 1.25 s).
+
+    Example:
         >>> log = StragglerLog(factor=5, min_seconds=0.1)
         >>> log.add(1, [0.01, 0.01, 0.01], arrivals=[100.0, 100.0, 100.0])
         []
