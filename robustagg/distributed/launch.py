@@ -102,7 +102,7 @@ def init_group(*, backend: str, rank: int, world_size: int, timeout: timedelta,
         else:
             dist.init_process_group(backend=backend, init_method=init_method or "env://", rank=rank,
                                     world_size=world_size, timeout=timeout)
-    except Exception as exc:  # the rendezvous timed out or a peer's address was unreachable
+    except RuntimeError as exc:  # DistStoreError, DistNetworkError: the rendezvous timed out, a peer is unreachable
         raise CollectiveError(f"rank {rank} could not join the group of {world_size} within "
                               f"{timeout.total_seconds():g} s ({type(exc).__name__}: {exc})") from exc
     lifeline.mark(lifeline.JOINED)

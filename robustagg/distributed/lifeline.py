@@ -32,8 +32,8 @@ import threading
 import time
 from typing import Any, Optional
 
-__all__ = ["die_with", "is_running", "request_stop", "stop_requested", "clear_stop", "Heartbeats", "attach", "mark", "beat",
-           "PHASES", "STARTED", "JOINING", "JOINED", "TRAINING"]
+__all__ = ["die_with", "is_running", "request_stop", "stop_requested", "clear_stop", "Heartbeats", "attach", "mark",
+           "beat", "PHASES", "STARTED", "JOINING", "JOINED", "TRAINING"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

@@ -211,7 +211,8 @@ class StragglerLog:
         [{'step': 3, 'rank': 1, 'seconds': 0.9, 'median_s': 0.01, 'waited_s': 1.0, 'cause': 'compute'}]
         >>> log.add(4, [0.01, 0.01, 0.01], arrivals=[101.75, 102.25, 106.25])  # waits 4.5, 4.0: median 4.25 > 5 x 0.75
         [{'step': 4, 'rank': 2, 'seconds': 0.01, 'median_s': 0.01, 'waited_s': 4.25, 'cause': 'outside compute'}]
-        >>> rep = log.report(); rep["per_rank"]["1"]["max_s"], rep["per_rank"]["2"]["waited_for_max_s"], rep["period_p50_s"]
+        >>> rep = log.report()
+        >>> rep["per_rank"]["1"]["max_s"], rep["per_rank"]["2"]["waited_for_max_s"], rep["period_p50_s"]
         (0.9, 4.25, 1.25)
     """
 
