@@ -158,8 +158,13 @@ def main(cfg: DictConfig) -> float:
     ``skipped.json`` with ``status`` (``"skipped"`` or ``"diverged"``), the reason and the error
     type, and the sweep goes on. Any other error (a misspelt key, an unknown name) fails the sweep.
     """
+    from robustagg.errors import Interrupted
+
     try:
         summary = train(cfg)
+    except Interrupted as exc:  # SIGTERM / SIGINT: a final checkpoint, every worker stopped
+        print(str(exc), file=sys.stderr)
+        sys.exit(exc.exit_code)
     except RobustAggError as exc:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode

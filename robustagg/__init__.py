@@ -16,7 +16,7 @@ from .aggregators import (Aggregator, Bulyan, CenteredClipping, CoordinateWiseMe
 from .aggregators import CAF, CGE, SMEA, DnC, MoNNA
 from .aggregators import FLAME, ClippedClustering, FLTrust, FoolsGold, SignGuard
 from .errors import (AssumptionError, AssumptionWarning, CheckpointError, ConfigError, DesyncError, IntegrityError,
-                     NonFiniteInputError, RobustAggError, ShapeError)
+                     Interrupted, NonFiniteInputError, RobustAggError, ShapeError)
 from .preaggregation import ARC, NNM, Bucketing, Clipping, Pipeline, PreAggregator, build_pipeline
 from .registry import available, get, lookup
 from .requirements import Requirement, lower_bound_kappa
@@ -32,5 +32,5 @@ __all__ = [
     "PreAggregator", "NNM", "Bucketing", "Clipping", "ARC", "Pipeline", "build_pipeline",
     "available", "get", "lookup", "Requirement", "lower_bound_kappa",
     "RobustAggError", "AssumptionError", "AssumptionWarning", "ShapeError", "NonFiniteInputError", "ConfigError",
-    "IntegrityError", "DesyncError", "CheckpointError",
+    "IntegrityError", "DesyncError", "CheckpointError", "Interrupted",
 ]

@@ -7,6 +7,8 @@ library's refusals without catching unrelated bugs. The input-validation errors 
 
 from __future__ import annotations
 
+import signal as _signal
+
 
 class RobustAggError(Exception):
     """Base class of every error raised by robustagg."""
@@ -62,3 +64,57 @@ class MissingDataError(RobustAggError, FileNotFoundError):
 
     The message lists which files to place in which folder, and where they are published.
     """
+
+
+class Interrupted(RobustAggError):
+    """The run was stopped on request (SIGTERM, SIGINT) at a step boundary every rank agreed on.
+
+    Raised by :func:`~robustagg.training.fit` on every rank once a stop request travelled in a step
+    header (after the final committed checkpoint, when a checkpointer is configured), and by
+    :func:`~robustagg.distributed.spawn` in the launcher, which turns its workers' reports into one.
+
+    Args:
+        step: completed steps when the run stopped (the step of the final checkpoint), or ``None``
+            when the workers could not reach a common boundary (no final checkpoint was taken).
+        signum: the signal that asked for the stop (``signal.SIGTERM`` = 15, ``SIGINT`` = 2, ...).
+        checkpointed: a committed checkpoint at ``step`` exists.
+        detail: one more sentence for the message (what went wrong while stopping).
+
+    Attributes:
+        exit_code: the shell convention for death by ``signum``: ``128 + signum`` (143 for
+            SIGTERM, 130 for SIGINT), what a command-line entry point should exit with.
+
+    Example:
+        >>> str(Interrupted(40, signum=15, checkpointed=True))
+        'interrupted at step 40; run the same command to resume (SIGTERM; committed checkpoint at step 40).'
+        >>> Interrupted(40, signum=2).exit_code
+        130
+    """
+
+    def __init__(self, step: "int | None", *, signum: int = 15, checkpointed: bool = False, detail: str = "") -> None:
+        self.step = None if step is None else int(step)
+        self.signum = int(signum)
+        self.checkpointed = bool(checkpointed)
+        self.exit_code = 128 + self.signum
+        if self.step is None:
+            head = ("interrupted before the workers reached a common step boundary (no final checkpoint); run the "
+                    "same command to resume from the last committed checkpoint")
+        else:
+            head = f"interrupted at step {self.step}; run the same command to resume"
+        saved = (f"; committed checkpoint at step {self.step}" if self.checkpointed and self.step is not None
+                 else "; checkpointing is off, nothing was saved" if self.step is not None else "")
+        tail = f" {detail}" if detail else ""
+        try:
+            name = _signal.Signals(self.signum).name
+        except ValueError:
+            name = f"signal {self.signum}"
+        super().__init__(f"{head} ({name}{saved}).{tail}")
+
+    def __reduce__(self) -> "tuple[object, ...]":
+        return (_interrupted, (self.step, self.signum, self.checkpointed, str(self)))
+
+
+def _interrupted(step: "int | None", signum: int, checkpointed: bool, message: str) -> Interrupted:
+    exc = Interrupted(step, signum=signum, checkpointed=checkpointed)
+    exc.args = (message,)
+    return exc

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from experiments.train import train
 from robustagg.distributed import WorkerFailedError
+from robustagg.distributed.header import HEADER_LEN
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 N, STEPS = 3, 5
@@ -149,7 +150,7 @@ def test_hang_past_the_collective_timeout_is_a_fail_stop_with_the_in_flight_coll
         e = json.loads((tmp_path / "evidence" / f"rank-{r}.json").read_text())
         flight = e["collective"]["in_flight"]
         assert e["kind"] == "timeout" and e["step"] == STEP and e["exception"]["type"] == "CollectiveError"
-        assert flight is not None and flight["op"] == "all_gather" and flight["shape"] == [10]  # the header
+        assert flight is not None and flight["op"] == "all_gather" and flight["shape"] == [HEADER_LEN]  # the header
         assert flight["deadline"] == pytest.approx(flight["started"] + 2.0)
     hung = json.loads((tmp_path / "evidence" / "rank-1.json").read_text())
     assert hung["kind"] == "terminated" and hung["step"] == STEP  # it wrote its evidence on SIGTERM

@@ -8,8 +8,13 @@ sizes is not an error gloo reports: it aborts the process. Hence a fixed-size he
 
 The header also carries the digest of the aggregate the sender applied at the previous step
 (agreement is checked here, one step later, at no extra collective; :meth:`Reduction.verify`
-checks the pending one eagerly) and two floating-point side values, the worker's training loss
-and compute time, so the main rank learns them without another collective. Each submission's
+checks the pending one eagerly), two floating-point side values, the worker's training loss
+and compute time, so the main rank learns them without another collective, and two control
+fields every rank reads after the exchange: the sender's wall-clock arrival time at the exchange
+(so every rank knows who arrived last and how long the others waited for it, see
+:class:`~robustagg.training.evidence.StragglerLog`) and a stop request (the number of the signal
+that asked the sender to stop, 0 for none): since every rank sees every header, all ranks stop
+after the same step without an extra collective. Each submission's
 checksum travels with the submission itself (a trailer of its frame, see
 :mod:`robustagg.distributed.gather`).
 """
@@ -27,9 +32,9 @@ from ..errors import DesyncError, ShapeError
 __all__ = ["Header", "HEADER_LEN", "MAGIC", "DTYPE_CODES", "dtype_code", "check_headers"]
 
 #: Format marker and version of the header layout (bumped when fields change).
-MAGIC = 0x52_41_47_01
+MAGIC = 0x52_41_47_02
 #: Number of int64 entries in an encoded header.
-HEADER_LEN = 10
+HEADER_LEN = 12
 
 #: Stable integer codes of the floating dtypes a submission may have.
 DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}
@@ -72,6 +77,10 @@ class Header:
             the previous step (0 before the first); ranks must agree.
         loss: the sender's training loss on its batch (float, informational).
         seconds: the sender's compute time for the step so far (float seconds, informational).
+        sent_at: the sender's ``time.time()`` (float seconds since the epoch) when it arrived at
+            this exchange; comparable across ranks up to the hosts' clock skew (zero on one host).
+        stop: the number of the signal that asked the sender to stop (SIGTERM = 15, SIGINT = 2),
+            0 when none did; any non-zero value makes every rank stop after this step.
     """
 
     step: int
@@ -83,11 +92,14 @@ class Header:
     prev_digest: int
     loss: float = float("nan")
     seconds: float = float("nan")
+    sent_at: float = float("nan")
+    stop: int = 0
 
     def encode(self) -> torch.Tensor:
         """The header as an ``int64`` tensor of length :data:`HEADER_LEN` (floats bit-cast)."""
         return torch.tensor([MAGIC, self.step, self.seq, self.rank, self.tag, self.numel, self.dtype,
-                             self.prev_digest, _f2i(self.loss), _f2i(self.seconds)], dtype=torch.int64)
+                             self.prev_digest, _f2i(self.loss), _f2i(self.seconds), _f2i(self.sent_at), self.stop],
+                            dtype=torch.int64)
 
     @classmethod
     def decode(cls, t: torch.Tensor) -> "Header":
@@ -101,7 +113,7 @@ class Header:
             raise DesyncError(f"received a malformed header {v[:3]}...; every rank must run the same robustagg "
                               "version and call the same collectives in the same order.")
         return cls(step=v[1], seq=v[2], rank=v[3], tag=v[4], numel=v[5], dtype=v[6], prev_digest=v[7],
-                   loss=_i2f(v[8]), seconds=_i2f(v[9]))
+                   loss=_i2f(v[8]), seconds=_i2f(v[9]), sent_at=_i2f(v[10]), stop=v[11])
 
 
 def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int) -> None:

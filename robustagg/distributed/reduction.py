@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Mapping, Optional, TypeVar
 
@@ -158,12 +159,17 @@ class Reduction(abc.ABC):
         self.tamper: Optional[Callable[[int, int, torch.Tensor], torch.Tensor]] = None
 
     def announce(self, rows: Mapping[int, torch.Tensor], *, step: int,
-                 aux: Optional[Mapping[int, tuple[float, float]]] = None) -> list[Header]:
+                 aux: Optional[Mapping[int, tuple[float, float]]] = None, stop: int = 0) -> list[Header]:
         """Exchange and check the headers of this step (call once per step, before any data).
+
+        Every header also carries the sender's arrival time (``time.time()`` just before the
+        exchange) and its stop request, which every rank reads from the result.
 
         Args:
             rows: ``{rank: (d,) tensor}`` of the hosted workers (only length and dtype are read).
             step: this rank's step id. aux: ``{rank: (loss, seconds)}`` to carry along.
+            stop: the signal number that asked this process to stop (0: none), see
+                :func:`robustagg.distributed.lifeline.stop_requested`.
 
         Returns:
             every rank's decoded :class:`Header`, in rank order.
@@ -176,10 +182,12 @@ class Reduction(abc.ABC):
         seq = comm.seq + 1
         prev = self.last_digest if self.check_digest else 0
         enc = {}
+        now = time.time()
         for r, t in rows.items():
             loss, secs = (aux or {}).get(r, (float("nan"), float("nan")))
             enc[r] = Header(step=step, seq=seq, rank=r, tag=TAG_REDUCTION, numel=t.numel(), dtype=dtype_code(t.dtype),
-                            prev_digest=prev, loss=loss, seconds=secs).encode().to(comm.device)
+                            prev_digest=prev, loss=loss, seconds=secs, sent_at=now,
+                            stop=int(stop)).encode().to(comm.device)
         headers = [Header.decode(h) for h in comm.all_gather(enc).cpu()]
         check_headers(headers, step=step, seq=seq, tag=TAG_REDUCTION)
         return headers

@@ -126,6 +126,10 @@ def launch(job: Job, *, on_ready: Optional[Callable[[Job], None]] = None, quiet:
         ConfigError, AssumptionError: before any process starts (see :func:`prepare`); also a run
             directory locked by another launch (:class:`~robustagg.launch.RunLockedError`).
         WorkerFailedError: a worker failed and no restart was left; the whole group was stopped.
+        Interrupted: SIGTERM or SIGINT asked the launcher to stop: every worker stopped after the
+            same step, took a final committed checkpoint (when checkpointing is on) and exited;
+            never restarted. Its message says "interrupted at step N; run the same command to
+            resume", and ``exit_code`` is 143 (SIGTERM) or 130 (SIGINT).
         RobustAggError: in simulated mode, what the step raised.
     """
     env = from_environment()

@@ -19,7 +19,7 @@ import torch
 
 from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl
 from ..distributed import Communicator, ShardedReduction, make_reduction
-from ..errors import AssumptionWarning
+from ..errors import AssumptionWarning, Interrupted
 from ..functional.gram import warm_up
 from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
                         save_model, seed_everything, write_evidence, write_json)
@@ -171,7 +171,7 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
     except BaseException as exc:
         if wandb_sink is not None:
             wandb_sink.failed = True
-        if not isinstance(exc, KeyboardInterrupt):
+        if not isinstance(exc, (KeyboardInterrupt, Interrupted)):  # a requested stop is not a failure
             try:
                 write_evidence(out / "evidence", trainer, exc, attempt=attempt.number, run_id=job.run_id)
             except Exception as ev_exc:  # evidence must never hide the failure

@@ -6,9 +6,10 @@ collective (group id, sequence number, op, shape, dtype, start time, deadline), 
 last heard from, the digests exchanged, and the exception text. :func:`summarise_evidence` turns
 the files of one failed attempt into one *detection* record for the run's report.
 
-:class:`StragglerLog` keeps every rank's compute time per step (they travel in the step headers)
-and reports p50/p99 per rank; a step where one rank took far longer than the step's median is
-flagged as a straggler.
+:class:`StragglerLog` keeps every rank's compute time and arrival time per step (they travel in the
+step headers) and reports p50/p99 per rank; a step where one rank took far longer than the step's
+median, or where the others waited far longer than that for it at the exchange, is flagged as a
+straggler naming that rank.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import re
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from ..checkpoint import atomic_write_json
-from ..errors import (AssumptionError, CheckpointError, DesyncError, IntegrityError, NonFiniteInputError)
+from ..errors import (AssumptionError, CheckpointError, DesyncError, IntegrityError, Interrupted, NonFiniteInputError)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .trainer import Trainer
@@ -34,13 +35,14 @@ __all__ = ["failure_kind", "build_evidence", "write_evidence", "read_evidence", 
 
 #: From most to least specific: the kind a detection record reports when ranks saw different ones.
 _PRIORITY = ("desync", "corruption", "nonfinite", "requirement", "checkpoint", "error", "timeout", "peer_lost",
-             "terminated")
+             "terminated", "interrupted")
 
 
 def failure_kind(exc: BaseException) -> str:
     """Classify an exception: ``desync``, ``corruption``, ``nonfinite``, ``requirement``,
     ``checkpoint``, ``timeout`` / ``peer_lost`` (a collective failed: timed out, or a peer's
-    connection closed), ``terminated`` (SIGTERM) or ``error``.
+    connection closed), ``terminated`` (SIGTERM during a teardown), ``interrupted`` (a requested stop,
+    :class:`~robustagg.errors.Interrupted`: not a failure) or ``error``.
 
     Example:
         >>> from robustagg.errors import DesyncError
@@ -62,6 +64,8 @@ def failure_kind(exc: BaseException) -> str:
         return "checkpoint"
     if isinstance(exc, TerminatedError):
         return "terminated"
+    if isinstance(exc, Interrupted):
+        return "interrupted"
     if isinstance(exc, CollectiveError):
         return "timeout" if re.search(r"time[sd]? ?out|timeout", str(exc), re.IGNORECASE) else "peer_lost"
     return "error"
@@ -166,53 +170,138 @@ def summarise_evidence(evidence: Sequence[dict[str, Any]], *, attempt: int, lost
 
 
 class StragglerLog:
-    """Per-rank compute time of every step, with a straggler flag.
+    """Per-rank compute time and lateness of every step, with a straggler flag.
 
-    A step is flagged for rank r when r's time exceeds ``factor`` times the median of that step's
-    times and ``min_seconds``.
+    Two measurements per step, both from the step headers (no extra collective):
+
+    - **compute**: each rank's own compute time before the exchange; rank r is flagged when it
+      exceeds ``factor`` times the median of that step's times and ``min_seconds``;
+    - **waiting**: each rank's wall-clock arrival time at the header exchange. The exchange ends
+      when the last rank arrives, so the rank everyone waited for is the one that arrived last,
+      and ``waited_s`` (how long the others waited for rank r) is the median over the other
+      ranks q of ``max(0, arrival_r - arrival_q)``. The last rank is flagged when its ``waited_s``
+      exceeds ``min_seconds`` and ``factor`` times the median *step period* of the steps before
+      (the time between two consecutive exchanges, i.e. between their last arrivals): the others
+      waited for it longer than ``factor`` normal steps. This catches a stall outside the compute
+      window (a paused process, a slow data load, a GC pause) that compute times do not show,
+      without flagging the main rank's routine per-step logging (and, through ``excused``, its
+      evaluations). It needs one period recorded
+      before the step (from the third step of a log on). Arrival times on different hosts differ
+      by their clock skew.
+
+    One record per flagged (step, rank): ``{"step", "rank", "seconds" (its compute time),
+    "median_s" (the step's median compute time), "waited_s", "cause"}``, ``cause`` being
+    ``"compute"`` (its compute time was long) or ``"outside compute"`` (only its arrival was late).
 
     Args:
         factor: how many medians make a straggler (> 1).
-        min_seconds: ignore stalls shorter than this (timer noise on tiny models).
+        min_seconds: ignore stalls shorter than this (timer noise on tiny models), in seconds.
+
+    In the example, steps come every 0.25 s; rank 1 computes 0.9 s at step 3; rank 2 arrives late
+    at step 4 with a normal compute time (the periods before step 4 are 0.25 s and 1.25 s, median
+    0.75 s; with step 4's own 4.75 s, the median period is 1.25 s).
 
     Example:
         >>> log = StragglerLog(factor=5, min_seconds=0.1)
-        >>> log.add(1, [0.01, 0.01, 0.01]), log.add(2, [0.01, 0.9, 0.01])
-        ([], [{'step': 2, 'rank': 1, 'seconds': 0.9, 'median_s': 0.01}])
-        >>> rep = log.report(); rep["per_rank"]["1"]["max_s"], rep["stragglers"][0]["step"]
-        (0.9, 2)
+        >>> log.add(1, [0.01, 0.01, 0.01], arrivals=[100.0, 100.0, 100.0])
+        []
+        >>> log.add(2, [0.01, 0.01, 0.01], arrivals=[100.25, 100.25, 100.25])  # one period: 0.25 s
+        []
+        >>> log.add(3, [0.01, 0.9, 0.01], arrivals=[100.5, 101.5, 100.5])  # waited 1.0 s < 5 x 0.25 s
+        [{'step': 3, 'rank': 1, 'seconds': 0.9, 'median_s': 0.01, 'waited_s': 1.0, 'cause': 'compute'}]
+        >>> log.add(4, [0.01, 0.01, 0.01], arrivals=[101.75, 102.25, 106.25])  # waits 4.5, 4.0: median 4.25 > 5 x 0.75
+        [{'step': 4, 'rank': 2, 'seconds': 0.01, 'median_s': 0.01, 'waited_s': 4.25, 'cause': 'outside compute'}]
+        >>> rep = log.report()
+        >>> rep["per_rank"]["1"]["max_s"], rep["per_rank"]["2"]["waited_for_max_s"], rep["period_p50_s"]
+        (0.9, 4.25, 1.25)
     """
 
     def __init__(self, factor: float = 10.0, min_seconds: float = 0.05) -> None:
         self.factor = float(factor)
         self.min_seconds = float(min_seconds)
         self.times: dict[int, list[float]] = {}
+        self.waited_for: dict[int, list[float]] = {}
+        self.periods: list[float] = []
+        self._last_exchange = math.nan
         self.flagged: list[dict[str, Any]] = []
 
-    def add(self, step: int, seconds: Sequence[float]) -> list[dict[str, Any]]:
-        """Record one step (1-based number) of per-rank seconds; returns the stragglers it flags."""
+    @staticmethod
+    def waits(arrivals: Sequence[float]) -> list[float]:
+        """How long the other ranks waited for each rank: ``median_q!=r max(0, a_r - a_q)``, in seconds
+        (0 with one rank; NaN for a rank whose arrival time is not finite).
+
+        Example:
+            >>> StragglerLog.waits([10.0, 10.5, 13.5])
+            [0.0, 0.25, 3.25]
+        """
+        a = [float(x) for x in arrivals]
+        out = []
+        for r, ar in enumerate(a):
+            others = [max(0.0, ar - q) for i, q in enumerate(a) if i != r and math.isfinite(q)]
+            out.append(math.nan if not math.isfinite(ar) else float(np.median(others)) if others else 0.0)
+        return out
+
+    def add(self, step: int, seconds: Sequence[float], arrivals: Optional[Sequence[float]] = None,
+            excused: Optional[Mapping[int, float]] = None) -> list[dict[str, Any]]:
+        """Record one step (1-based number) of per-rank compute seconds and, optionally, arrival times
+        (``time.time()`` seconds, one per rank); returns the stragglers it flags (see the class).
+
+        Args:
+            step: the step's 1-based number. seconds: compute seconds per rank.
+            arrivals: arrival times at the step's header exchange, one per rank (``None``: compute only).
+            excused: ``{rank: seconds}`` of known duties that delayed a rank's arrival (the main
+                rank's logging and evaluation of the previous step), subtracted from ``waited_s``
+                before the flag decision; the record keeps the measured ``waited_s``.
+
+        Raises:
+            ValueError: ``arrivals`` does not have one entry per rank.
+        """
         vals = [float(s) for s in seconds]
+        if arrivals is not None and len(arrivals) != len(vals):
+            raise ValueError(f"StragglerLog.add: arrivals needs one time per rank ({len(vals)}); got {len(arrivals)}.")
+        waited = self.waits(arrivals) if arrivals is not None else [math.nan] * len(vals)
+        excuse = [float((excused or {}).get(r, 0.0)) for r in range(len(vals))]
         for r, s in enumerate(vals):
             if math.isfinite(s):
                 self.times.setdefault(r, []).append(s)
+            if math.isfinite(waited[r]):
+                self.waited_for.setdefault(r, []).append(waited[r])
+        period = float(np.median(self.periods)) if self.periods else math.nan
+        times = [float(a) for a in arrivals or () if math.isfinite(float(a))]
+        if times:
+            exchange = max(times)
+            if math.isfinite(self._last_exchange):
+                self.periods.append(exchange - self._last_exchange)
+            self._last_exchange = exchange
         finite = [s for s in vals if math.isfinite(s)]
         if not finite:
             return []
         med = float(np.median(finite))
-        new = [{"step": int(step), "rank": r, "seconds": s, "median_s": med} for r, s in enumerate(vals)
-               if math.isfinite(s) and s > self.factor * med and s > self.min_seconds]
+        known = [r for r in range(len(vals)) if math.isfinite(waited[r])]
+        last = max(known, key=lambda r: waited[r]) if known else -1  # the rank everyone waited for
+        new = []
+        for r, s in enumerate(vals):
+            slow = math.isfinite(s) and s > self.factor * med and s > self.min_seconds
+            unexplained = waited[r] - excuse[r]
+            late = (r == last and math.isfinite(period) and unexplained > self.factor * period
+                    and unexplained > self.min_seconds)
+            if slow or late:
+                new.append({"step": int(step), "rank": r, "seconds": s, "median_s": med, "waited_s": waited[r],
+                            "cause": "compute" if slow else "outside compute"})
         self.flagged.extend(new)
         return new
 
     def report(self) -> dict[str, Any]:
-        """``{"p50_s", "p99_s" (over every rank-step), "per_rank": {rank: {"p50_s", "p99_s", "max_s",
-        "steps"}}, "stragglers": [flagged steps], "factor", "min_seconds"}``."""
+        """``{"p50_s", "p99_s" (compute, over every rank-step), "period_p50_s" (median step period),
+        "per_rank": {rank: {"p50_s", "p99_s", "max_s", "steps", "waited_for_max_s"}}, "stragglers":
+        [flagged steps], "factor", "min_seconds"}``."""
         every = [s for v in self.times.values() for s in v]
 
         def pct(v: list[float], q: float) -> float:
             return float(np.percentile(v, q)) if v else math.nan
 
-        return {"p50_s": pct(every, 50), "p99_s": pct(every, 99),
-                "per_rank": {str(r): {"p50_s": pct(v, 50), "p99_s": pct(v, 99), "max_s": max(v), "steps": len(v)}
+        return {"p50_s": pct(every, 50), "p99_s": pct(every, 99), "period_p50_s": pct(self.periods, 50),
+                "per_rank": {str(r): {"p50_s": pct(v, 50), "p99_s": pct(v, 99), "max_s": max(v), "steps": len(v),
+                                      "waited_for_max_s": max(self.waited_for.get(r, [math.nan]))}
                              for r, v in sorted(self.times.items())},
                 "stragglers": list(self.flagged), "factor": self.factor, "min_seconds": self.min_seconds}

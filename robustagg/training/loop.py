@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 import torch
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
+from ..distributed.lifeline import beat
+from ..errors import Interrupted
 from .evidence import StragglerLog
 from .trainer import StepOutput, Trainer
 
@@ -220,10 +222,19 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         on_detect: called (main process) with a detection record when a non-finite submission
             is dropped or a straggler is flagged: ``{"kind", "step", "ranks"/"rank", ...}``.
 
+    Stopping: a rank whose process received a stop request
+    (:func:`robustagg.distributed.lifeline.request_stop`, installed as the SIGTERM/SIGINT handler
+    of the workers :func:`robustagg.distributed.spawn` starts) announces it in its next step
+    header; every rank reads every header, so all of them finish that step, take the final
+    committed checkpoint (when ``checkpointer`` is set) and raise
+    :class:`~robustagg.errors.Interrupted` after the same step. A request agreed at the last step
+    is ignored: the run completes.
+
     Returns:
         a :class:`RunSummary`.
 
     Raises:
+        Interrupted: a stop was requested (see above); ``step`` is the number of completed steps.
         DesyncError: and whatever else a step raises (integrity, requirement, collective timeout).
     """
     main = trainer.is_main
@@ -251,45 +262,65 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
             summary.best_test_acc = acc
         emit({"kind": "test", "step": trainer.step_id, **res})
 
+    busy = [0.0]  # seconds the main rank spent logging and evaluating after the previous step
+
+    def log_step(out: StepOutput, done: int) -> None:
+        if stragglers is not None:
+            for flag in stragglers.add(done, [h.seconds for h in out.reduced.headers],
+                                       arrivals=[h.sent_at for h in out.reduced.headers],
+                                       excused={trainer.comm.rank: busy[0]}):
+                if on_detect is not None:
+                    on_detect({"kind": "straggler", **flag})
+        if out.reduced.dropped and on_detect is not None:
+            on_detect({"kind": "nonfinite", "step": done, "ranks": list(out.reduced.dropped), "action": "dropped"})
+        rec = step_record(out, trainer)
+        rec["assumption/violated"] = int(assumption_violated)
+        rec["time/elapsed_s"] = time.perf_counter() - t0
+        summary.dropped_rows += len(out.reduced.dropped)
+        kappas.append(rec.get("agg/kappa_hat", math.nan))
+        if out.byzantine and "agg/byz_accepted" in rec:
+            accepted.append(rec["agg/byz_accepted"])
+        emit(rec)
+        if evaluate is not None and eval_every and done % eval_every == 0 and done != end:
+            run_eval()
+        bar.update(1)
+        if done % 10 == 0 or done == end:
+            post = {"loss": f"{rec['train/loss']:.3f}"}
+            if last_test:
+                post["acc"] = f"{last_test['test/acc']:.3f}"
+            if math.isfinite(rec.get("agg/kappa_hat", math.nan)):
+                post["kappa"] = f"{rec['agg/kappa_hat']:.2g}"
+            bar.set_postfix(post, refresh=False)
+
     t0 = time.perf_counter()
     first = trainer.step_id
     end = first + steps
+    beat(first)  # heartbeat for the launcher (a no-op outside spawn()): completed steps
     for _ in range(steps):
         out = trainer.step()
+        beat(trainer.step_id)
         for cb in callbacks:
             cb(trainer, out)
         done = trainer.step_id
         if param_check_every and done % param_check_every == 0 and done != end:
             trainer.check_parameters()
         if main:
-            if stragglers is not None:
-                for flag in stragglers.add(done, [h.seconds for h in out.reduced.headers]):
-                    if on_detect is not None:
-                        on_detect({"kind": "straggler", **flag})
-            if out.reduced.dropped and on_detect is not None:
-                on_detect({"kind": "nonfinite", "step": done, "ranks": list(out.reduced.dropped), "action": "dropped"})
-            rec = step_record(out, trainer)
-            rec["assumption/violated"] = int(assumption_violated)
-            rec["time/elapsed_s"] = time.perf_counter() - t0
-            summary.dropped_rows += len(out.reduced.dropped)
-            kappas.append(rec.get("agg/kappa_hat", math.nan))
-            if out.byzantine and "agg/byz_accepted" in rec:
-                accepted.append(rec["agg/byz_accepted"])
-            emit(rec)
-            if evaluate is not None and eval_every and done % eval_every == 0 and done != end:
-                run_eval()
-            bar.update(1)
-            if done % 10 == 0 or done == end:
-                post = {"loss": f"{rec['train/loss']:.3f}"}
-                if last_test:
-                    post["acc"] = f"{last_test['test/acc']:.3f}"
-                if math.isfinite(rec.get("agg/kappa_hat", math.nan)):
-                    post["kappa"] = f"{rec['agg/kappa_hat']:.2g}"
-                bar.set_postfix(post, refresh=False)
+            tl = time.perf_counter()
+            log_step(out, done)
+            busy[0] = time.perf_counter() - tl  # delays this rank's next header: not a stall
         if checkpointer is not None and done != end and checkpointer.due(done):
             if main:
                 _sync(sinks)  # the step's records are durable before the commit that covers the step
             checkpointer.save(trainer)
+        stop = trainer.stop_request
+        if stop is not None and done != end:  # every rank read the same headers: all stop here
+            if checkpointer is not None and checkpointer.last_saved != done:
+                if main:
+                    _sync(sinks)
+                checkpointer.save(trainer)  # the final committed checkpoint of an interrupted run
+            bar.close()
+            raise Interrupted(done, signum=stop[1], checkpointed=checkpointer is not None,
+                              detail=f"Rank {stop[0]} received the stop request; every rank stopped after step {done}.")
     trainer.check_parameters()
     if checkpointer is not None and checkpointer.last_saved != trainer.step_id:
         if main:

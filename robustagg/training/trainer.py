@@ -9,7 +9,8 @@ Step (every process)::
     for each hosted worker r:   batch <- shard_r (sampler position) ; labels (or the whole batch)
                                 poisoned if r is Byzantine under a data attack ; g_r <- grad of the loss, flattened
                                 over the whole model ; worker momentum m_r <- b m_r + (1 - b) g_r
-    announce: header exchange (step, collective number, d, dtype, previous aggregate digest)
+    announce: header exchange (step, collective number, d, dtype, previous aggregate digest,
+                                arrival time, stop request)
     if a gradient attack is active: all-gather every g (omniscient attackers see this step's
                                 honest submissions, after the non-finite policy: under drop only
                                 the finite ones, under abort every rank stops) ; Byzantine
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._tensor import flatten, unflatten_like
+from ..distributed.lifeline import stop_requested
 from ..distributed.reduction import Reduced, Reduction
 from ..errors import ConfigError, ShapeError
 from ..integrity import checksum
@@ -209,6 +211,9 @@ class Trainer:
         #: The last step's headers and when their exchange finished (``time.time()``): evidence.
         self.last_headers: list["Header"] = []
         self.last_headers_at: Optional[float] = None
+        #: ``(rank, signal number)`` of the first rank whose header of the last step carried a stop
+        #: request (``None``: none did); the same on every rank, so all stop after the same step.
+        self.stop_request: Optional[tuple[int, int]] = None
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -285,8 +290,9 @@ class Trainer:
             subs[r] = g
             aux[r] = (loss, time.perf_counter() - tw)  # this worker's compute time (straggler evidence)
         announced = step if inj is None else inj.before_announce(self, step)
-        headers = self.reduction.announce(subs, step=announced, aux=aux)
+        headers = self.reduction.announce(subs, step=announced, aux=aux, stop=stop_requested())
         self.last_headers, self.last_headers_at = headers, time.time()
+        self.stop_request = next(((h.rank, h.stop) for h in headers if h.stop), None)
         if byz_ranks and byz is not None and byz.gradient_fn is not None:
             n = self.comm.world_size
             honest = [i for i in range(n) if i not in byz_ranks]
