@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -195,3 +196,29 @@ def test_a_resumed_run_says_where_it_resumed_and_counts_its_own_steps(tmp_path, 
     captured = capsys.readouterr()
     assert "resumed from" in captured.out and "step 10 (step-00000010, verified)" in captured.out
     assert "10/14" in captured.err  # the progress bar starts at the restored step
+
+
+# --- stop means stop -------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_or_sigint_takes_a_final_checkpoint_and_the_same_command_resumes(tmp_path, sig, code):
+    args = ["run_name=stop", "trainer.steps=400", "trainer.checkpoint.every=1000", "trainer.eval_every=0"]
+    first = _cli(args, tmp_path)
+    run = tmp_path / "outputs" / "stop"
+    deadline = time.monotonic() + 240
+    while len(_steps(run)) < 5:  # training is under way
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.1)
+    first.send_signal(sig)  # to the launcher only, as SLURM preemption or Ctrl-C would
+    out, err = first.communicate(timeout=240)
+    assert first.returncode == code, err[-3000:]
+    m = re.search(r"interrupted at step (\d+); run the same command to resume", err)
+    assert m and "Traceback" not in err, err[-3000:]
+    step = int(m.group(1))
+    assert (run / "checkpoints" / f"step-{step:08d}" / "manifest.json").is_file()
+    assert 5 <= step < 400 and _steps(run) == list(range(1, step + 1))
+    second = _cli(args[:1] + ["trainer.steps=" + str(step + 3)] + args[2:], tmp_path)
+    out2, err2 = second.communicate(timeout=400)
+    assert second.returncode == 0, err2[-3000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["resumed_from"] == step and _steps(run) == list(range(1, step + 4))
