@@ -1,5 +1,5 @@
 # The two commands a newcomer needs (see README.md):
-#   make run   - create .venv if missing, install, train on the bundled digits data
+#   make run   - create .venv if missing, install, run the main job on the bundled digits data (experiments.tour)
 #   make test  - create .venv if missing, install, run the whole test suite (what CI runs)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 run: $(STAMP)
-	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m experiments.train $(ARGS)
+	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m experiments.tour $(ARGS)
 
 test: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q robustagg attacks experiments tests docs README.md

@@ -68,13 +68,17 @@ class RunLock:
             another host holds the lock; the message names host, PID, start time and the fix.
 
     Example:
-        >>> import tempfile
+        >>> import json, tempfile, time
         >>> d = tempfile.mkdtemp()
         >>> with RunLock(d) as lock:
-        ...     RunLock(d).acquire()
+        ...     RunLock(d).acquire().nested  # the same process again: re-entrant
+        True
+        >>> with open(f"{d}/run.lock", "w") as fh:  # a launch on another host holds it
+        ...     json.dump({"host": "elsewhere", "pid": 1, "since": time.time()}, fh)
+        >>> RunLock(d).acquire()  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        robustagg.launch.lock.RunLockedError: ...
+        robustagg.launch.lock.RunLockedError: run directory ... is in use by another launch: PID 1 on host 'elsewhere', ...
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, what: str = "") -> None:
