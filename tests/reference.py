@@ -20,9 +20,9 @@ import numpy as np
 __all__ = ["as64", "mean", "coordinate_median", "trimmed_mean", "meamed", "sq_dist", "dist_matrix",
            "krum_scores", "krum_index", "krum", "multi_krum", "bulyan_indices", "bulyan", "gm_objective",
            "weiszfeld", "geometric_median", "centered_clipping", "mda", "nnm", "bucketing", "clipping", "arc",
-           "variance", "kappa_hat", "cge", "monna", "top_direction", "smea", "caf", "dnc", "REFERENCES"]
-           "variance", "kappa_hat", "REFERENCES", "cosine_matrix", "cosine_distances",
-           "row_norms", "signguard", "clipped_clustering", "flame", "fltrust", "foolsgold_alpha", "foolsgold"]
+           "variance", "kappa_hat", "cge", "monna", "top_direction", "smea", "caf", "dnc", "REFERENCES",
+           "cosine_matrix", "cosine_distances", "row_norms", "signguard", "clipped_clustering", "flame", "fltrust",
+           "foolsgold_alpha", "foolsgold"]
 
 
 def as64(x) -> np.ndarray:

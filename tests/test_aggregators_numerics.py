@@ -81,7 +81,7 @@ def test_geometric_median_of_near_identical_rows(near_identical):
 
 HUGE_RULES = ["krum", "multi_krum", "bulyan", "mda", "coordinate_median", "trimmed_mean", "meamed", "geometric_median",
               "nnm>trimmed_mean", "nnm>krum", "arc>trimmed_mean",
-              "caf", "smea", "monna", "cge", "dnc"]
+              "caf", "smea", "monna", "cge", "dnc",
               # similarity-based rules (part 2) that bound norms (FoolsGold does not: it weighs by direction only)
               "signguard", "clipped_clustering", "flame"]
 
