@@ -183,8 +183,6 @@ def _dnc(x: torch.Tensor, f: int, b: int, iters: int) -> torch.Tensor:
 NAIVE_SMEA_MAX_SUBSETS = 500
 
 
-def naive(spec: str, f: int, params: dict[str, Any], n: int = 0) -> Fn | None:
-    """The naive implementation of a rule or ``pre>...>rule`` spec (``None``: too slow to time at ``n``)."""
 # similarity-based rules (part 2): per-pair cosines, whole-tensor clipping, scikit-learn on the result
 def _cos_dists(x: torch.Tensor) -> Any:
     n = x.shape[0]
@@ -260,8 +258,8 @@ def _foolsgold(x: torch.Tensor) -> torch.Tensor:
     return (alpha.to(x.dtype) @ x) / alpha.sum()
 
 
-def naive(spec: str, f: int, params: dict[str, Any]) -> Fn:
-    """The naive implementation of a rule or ``pre>...>rule`` spec."""
+def naive(spec: str, f: int, params: dict[str, Any], n: int = 0) -> Fn | None:
+    """The naive implementation of a rule or ``pre>...>rule`` spec (``None``: too slow to time at ``n``)."""
     *pre, rule = spec.split(">")
     if rule == "smea" and math.comb(n, f) > NAIVE_SMEA_MAX_SUBSETS:
         return None

@@ -182,7 +182,7 @@ def test_model_replacement_in_the_trainer_submits_the_boosted_backdoored_gradien
     idx = ref.samplers[3].next()
     xp, yp = a.poison_batch(ref.shards[3].x[idx], ref.shards[3].y[idx], 3)
     torch.set_rng_state(ref.worker_rng[3])
-    g, _ = ref._gradient(xp, yp)
+    g, _ = ref._gradient((xp, yp))
     assert torch.equal(out.reduced.matrix[3], (4.0 * g.double()).to(g.dtype))
 
 

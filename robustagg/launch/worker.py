@@ -57,8 +57,8 @@ def run_worker(job: Job, comm: Communicator, device: torch.device,
         the summary dict on rank 0, ``None`` elsewhere.
 
     Raises:
-        whatever training raises (integrity, desynchronisation, collective timeouts, requirement
-        violations), after this rank's evidence is written.
+        RobustAggError: what training raised (integrity, desynchronisation, collective timeouts,
+            requirement violations), after this rank's evidence is written.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AssumptionWarning)  # reported once, before launch
