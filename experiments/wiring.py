@@ -34,8 +34,9 @@ from robustagg.preaggregation.base import PreAggregator
 from robustagg.training import AttackAdapter, ByzantineBehaviour, Fault, evaluate
 
 from .config import FaultConf, Mode, TrainConfig
-from .data import build_data
-from .models import build_model
+from .data import augment_enabled, build_data
+from .models import instantiate_model
+from .optim import build_optimizer, build_scheduler, moved_keys
 
 __all__ = ["Plan", "ExperimentBuild", "as_config", "validate", "build_rule", "build_attack", "build_byzantine",
            "build_model_and_optimizer", "AttackAdapter", "rule_names"]
@@ -297,13 +298,10 @@ def _trainer_checks(cfg: DictConfig) -> None:
     checks = [
         (int(tr.steps) >= 0, f"trainer.steps must be >= 0; got {tr.steps}."),
         (int(tr.batch_size) >= 1, f"trainer.batch_size must be >= 1; got {tr.batch_size}."),
-        (float(tr.lr) > 0, f"trainer.lr must be > 0; got {tr.lr}."),
-        (0 <= float(tr.momentum) < 1, f"trainer.momentum must be in [0, 1); got {tr.momentum}."),
         (0 <= float(tr.worker_momentum) < 1, f"trainer.worker_momentum must be in [0, 1); got {tr.worker_momentum}."),
         (int(tr.threads) >= 1, f"trainer.threads must be >= 1; got {tr.threads}."),
         (int(tr.eval_every) >= 0 and int(tr.param_check_every) >= 0,
          "trainer.eval_every and trainer.param_check_every must be >= 0."),
-        (str(tr.scheduler) in ("none", "cosine"), f"trainer.scheduler must be none or cosine; got {tr.scheduler!r}."),
         (str(tr.reduction) in reduction_modes(),
          f"trainer.reduction must be one of {', '.join(reduction_modes())}; got {tr.reduction!r}."),
         (str(tr.on_nonfinite) in ("abort", "drop"), f"trainer.on_nonfinite must be abort or drop; got {tr.on_nonfinite!r}."),
@@ -373,6 +371,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
         AssumptionError: the rule's requirement fails for ``threat.n`` and ``threat.f`` (strict).
     """
     cfg = as_config(cfg)
+    moved_keys(cfg.trainer)
     n, f, b, ranks, notes = _threat(cfg)
     _trainer_checks(cfg)
     device, backend = _device(cfg)
@@ -452,15 +451,19 @@ def ra_seed(*parts: int) -> int:
 
 def build_model_and_optimizer(data: DataBundle, cfg: DictConfig,
                               device: torch.device) -> tuple[torch.nn.Module, Any, Any]:
-    """Model (initialised from ``cfg.seed``, identical in every process), SGD, optional cosine schedule."""
+    """The ``model`` node (initialised from ``cfg.seed``, identical in every process), behind the
+    per-worker crop + flip when ``data`` asks for it (:func:`experiments.data.augment_enabled`),
+    the ``optimizer`` over its parameters and the ``scheduler`` (or ``None``).
+
+    Raises:
+        ConfigError: a model, optimizer or scheduler node that cannot be built (the message names it).
+    """
     torch.manual_seed(ra_seed(int(cfg.seed), 0x30DE1))
-    model = build_model(str(cfg.model.name), input_shape=data.input_shape, num_classes=data.num_classes,
-                        hidden=list(cfg.model.hidden), channels=list(cfg.model.channels),
-                        dropout=float(cfg.model.dropout)).to(device)
-    tr = cfg.trainer
-    opt = torch.optim.SGD(model.parameters(), lr=float(tr.lr), momentum=float(tr.momentum),
-                          weight_decay=float(tr.weight_decay), nesterov=bool(tr.nesterov))
-    sched = None
-    if str(tr.scheduler) == "cosine":
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, int(tr.steps)))
-    return model, opt, sched
+    model = instantiate_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    if augment_enabled(cfg.data):
+        from robustagg.data import Augment
+
+        model = torch.nn.Sequential(Augment(data.input_shape), model)
+    model = model.to(device)
+    opt = build_optimizer(cfg.get("optimizer"), model.parameters())
+    return model, opt, build_scheduler(cfg.get("scheduler"), opt)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -19,7 +21,8 @@ from experiments.wiring import as_config, build_attack, build_rule, rule_names, 
 from robustagg.errors import AssumptionError, ConfigError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = ["aggregator", "preaggregation", "attack", "threat", "data", "model", "trainer", "logger"]
+GROUPS = ["aggregator", "preaggregation", "attack", "threat", "data", "model", "optimizer", "scheduler", "trainer",
+          "logger"]
 FAST = ["trainer.steps=1", "logger=none"]
 
 
@@ -145,3 +148,77 @@ def test_the_mean_is_a_baseline_not_a_violation():
 def test_attack_none_or_zero_byzantine_means_everyone_is_honest():
     assert validate(_compose(["attack=none", *FAST])).byzantine_ranks == ()
     assert validate(_compose(["threat.byzantine=0", *FAST])).byzantine_ranks == ()
+
+
+# One example shape each shipped model accepts (digits are 8x8: LeNet-5 and the ResNets need 28x28 or 32x32).
+MODEL_SHAPES = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet20": (3, 32, 32),
+                "resnet18": (3, 32, 32)}
+
+
+def test_every_model_file_has_a_smoke_shape():
+    assert sorted(MODEL_SHAPES) == _options("model")
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_SHAPES))
+def test_every_model_entry_builds_for_its_data_shape(model):
+    from experiments.models import instantiate_model
+
+    shape = MODEL_SHAPES[model]
+    cfg = as_config(_compose([f"model={model}", *FAST]))
+    net = instantiate_model(cfg.model, input_shape=shape, num_classes=7)
+    x = torch.zeros(2, int(np.prod(shape)))  # the trainer feeds flat (b, D) rows
+    assert net(x).shape == (2, 7)
+
+
+@pytest.mark.parametrize("optimizer", _options("optimizer"))
+@pytest.mark.parametrize("scheduler", _options("scheduler"))
+def test_every_optimizer_and_scheduler_entry_validates_and_builds(optimizer, scheduler):
+    from experiments.wiring import build_model_and_optimizer
+
+    cfg = as_config(_compose([f"optimizer={optimizer}", f"scheduler={scheduler}", "trainer.steps=40", "logger=none"]))
+    plan = validate(cfg)
+    _, opt, sched = build_model_and_optimizer(plan.data, plan.config(), torch.device("cpu"))
+    assert type(opt).__name__.lower() == optimizer
+    assert (sched is None) == (scheduler == "none")
+    if scheduler in ("cosine", "warmup_cosine"):  # the length follows trainer.steps (interpolated)
+        assert plan.cfg["scheduler"]["T_max" if scheduler == "cosine" else "total_steps"] == 40
+    assert plan.fingerprint["optimizer._target_"] == cfg.optimizer._target_  # part of the experiment identity
+
+
+def test_the_default_optimizer_is_plain_sgd_without_a_schedule():
+    cfg = as_config(_compose(FAST))
+    assert cfg.optimizer == {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1, "momentum": 0.0,
+                             "weight_decay": 0.0, "nesterov": False}
+    assert cfg.scheduler == {"_target_": None}
+
+
+@pytest.mark.parametrize("override,new", [("trainer.lr=0.05", "optimizer.lr"), ("trainer.momentum=0.9", "optimizer.momentum"),
+                                          ("trainer.weight_decay=1e-4", "optimizer.weight_decay"),
+                                          ("trainer.nesterov=true", "optimizer.nesterov"),
+                                          ("trainer.scheduler=cosine", "scheduler=NAME")])
+def test_former_trainer_optimizer_keys_fail_with_one_migration_message(override, new):
+    with pytest.raises(ConfigError, match="moved out of trainer") as err:
+        validate(_compose([override, *FAST]))
+    assert f"{override.split('=')[0]}=" in str(err.value) and new in str(err.value)
+
+
+def test_bad_model_optimizer_and_scheduler_nodes_are_named():
+    with pytest.raises(ConfigError, match=r"model robustagg.models.MLP does not take 'widths'"):
+        validate(_compose(["+model.widths=[3]", *FAST]))
+    with pytest.raises(ConfigError, match=r"model=lenet5 needs images of shape"):
+        validate(_compose(["model=lenet5", *FAST]))  # digits are 8x8
+    with pytest.raises(ConfigError, match=r"optimizer torch.optim.SGD: Invalid learning rate"):
+        validate(_compose(["optimizer.lr=-1", *FAST]))
+    with pytest.raises(ConfigError, match=r"optimizer._target_='torch.optim.Nope' cannot be imported|optimizer "
+                                          r"torch.optim.Nope"):
+        validate(_compose(["optimizer._target_=torch.optim.Nope", *FAST]))
+    with pytest.raises(ConfigError, match="_partial_: true"):
+        validate(_compose(["optimizer._partial_=false", *FAST]))
+
+
+def test_any_torch_optimizer_by_override():
+    plan = validate(_compose(["optimizer._target_=torch.optim.RMSprop", "~optimizer.nesterov", *FAST]))
+    from experiments.wiring import build_model_and_optimizer
+
+    _, opt, _ = build_model_and_optimizer(plan.data, plan.config(), torch.device("cpu"))
+    assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["lr"] == 0.1

@@ -29,7 +29,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 STEPS, EVERY, N = 12, 4, 4
 COMMON = ["logger=none", "trainer.progress=false", f"threat.n={N}", "threat.f=1", "aggregator=centered_clipping",
           "aggregator.tau=0.5", "attack=mimic", "model.dropout=0.3", f"trainer.steps={STEPS}", "trainer.eval_every=4",
-          "trainer.worker_momentum=0.9", "trainer.momentum=0.5", "trainer.scheduler=cosine",
+          "trainer.worker_momentum=0.9", "optimizer.momentum=0.5", "scheduler=cosine",
           f"trainer.checkpoint.every={EVERY}", "trainer.param_check_every=3", "trainer.collective_timeout_s=30"]
 SEED = 20240607  # the test's own seeded choices of ranks and steps
 
