@@ -101,7 +101,7 @@ def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int
 
 def _flat(x: torch.Tensor) -> np.ndarray:
     """``(N, *shape)`` inputs as ``(N, D)`` float32 (uint8 images scaled to ``[0, 1]``)."""
-    t = x.reshape(len(x), -1)
+    t = x.reshape(len(x), int(np.prod(x.shape[1:])))
     t = t.to(torch.float32).div_(255.0) if t.dtype == torch.uint8 else t.to(torch.float32)
     return np.ascontiguousarray(t.numpy())
 
