@@ -222,3 +222,15 @@ def test_any_torch_optimizer_by_override():
 
     _, opt, _ = build_model_and_optimizer(plan.data, plan.config(), torch.device("cpu"))
     assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["lr"] == 0.1
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10", "cifar100"])
+def test_every_file_data_entry_validates_on_tiny_published_format_files(name, tmp_path):
+    from real_files import write_files
+
+    model = "lenet5" if name in ("mnist", "fashion_mnist") else "resnet20"
+    plan = validate(_compose([f"data={name}", f"data.root={write_files(name, tmp_path)}", f"model={model}",
+                              "threat.n=3", "threat.f=1", *FAST]))
+    assert plan.data.name == name and plan.data.input_shape == ((1, 28, 28) if model == "lenet5" else (3, 32, 32))
+    assert plan.data.num_classes == (100 if name == "cifar100" else 10)
+    assert plan.cfg["data"]["augment"] is None and plan.fingerprint["data.name"] == name
