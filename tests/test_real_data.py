@@ -126,3 +126,17 @@ def test_missing_root_and_natural_without_groups_are_clear_errors(roots, tmp_pat
         validate(_cfg("data=custom"))
     with pytest.raises(MissingDataError, match="place its files by hand"):
         validate(_cfg("data=cifar10", f"data.root={tmp_path}"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment,data,rule,attack", [("allouah2023_mnist", "mnist", "nnm_krum", "ipm"),
+                                                          ("cifar10_resnet20", "cifar10", "nnm_trimmed_mean", "alie")])
+def test_literature_configs_run_on_tiny_files(roots, tmp_path, experiment, data, rule, attack):
+    # one point of each sweep, 2 steps, on the tiny files (the sweep itself needs the real ones)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={experiment}", f"+experiment/rule={rule}", f"attack={attack}",
+                                           f"data.root={roots[data]}", "trainer.steps=2", "trainer.eval_every=2",
+                                           "logger=none", "data.max_tries=1000"])
+    s = train(cfg, out_dir=tmp_path, quiet=True)
+    assert s["steps"] == 2 and s["data"] == data and s["rule"] == rule.replace("nnm_", "nnm>")
+    assert s["attack"] == attack and 0.0 <= s["final_test_acc"] <= 1.0
