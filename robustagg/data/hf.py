@@ -52,7 +52,8 @@ def load_hf(path: str, *, image_key: str = "image", label_key: str = "label", na
         name: the configuration name, if any. train_split, test_split: split names (``test_split=None``:
             the source has no test split and an empty one is returned; split the train set yourself).
         partition_key: a column naming each example's natural group (e.g. ``writer_id``), or ``None``.
-        data_files, cache_dir: passed to ``load_dataset``.
+        data_files: passed to ``load_dataset``.
+        cache_dir: passed to ``load_dataset``.
         as_float: uint8 images as float32 in ``[0, 1]`` (default) or kept uint8.
         num_classes: C; default the label feature's ``num_classes`` or ``max label + 1``.
 
