@@ -183,7 +183,8 @@ def test_restore_never_executes_pickled_code_even_with_a_matching_manifest(tmp_p
     (ck / "manifest.json").write_text(json.dumps(manifest))
     assert CheckpointStore(tmp_path / "a" / "checkpoints").verify(ck) == []  # the hashes match ...
     with pytest.raises(CheckpointError, match="refusing to load"):
-        train(_cfg(*SIM, "trainer.steps=8"), out_dir=tmp_path / "a", quiet=True)
+        # (the cosine schedule's T_max follows trainer.steps, so a longer run is a changed experiment)
+        train(_cfg(*SIM, "trainer.steps=8", "trainer.resume_changes=allow"), out_dir=tmp_path / "a", quiet=True)
     assert not (tmp_path / "PWNED_MARKER").exists()  # ... and still nothing was executed
     with open(ck / "x.pkl", "wb") as fh:  # the plain pickle route is refused as well
         pickle.dump(_Evil(), fh)
