@@ -131,7 +131,11 @@ def _load_external(c: object, name: DataName) -> LoadedData:
     if not root:
         raise ConfigError(f"data={name.value} needs data.root=DIR, the folder holding (or receiving, with "
                           f"data.download=true) its published files.")
-    return load(name.value, str(root), download=bool(getattr(c, "download")), label=str(getattr(c, "label")))
+    label = str(getattr(c, "label"))
+    if label not in ("fine", "coarse"):
+        raise ConfigError(f"data.label must be fine or coarse (CIFAR-100's 100 or 20 classes); got {label!r}.")
+    return load(name.value, str(root), download=bool(getattr(c, "download")),
+                label="fine" if label == "fine" else "coarse")
 
 
 def _natural(groups: Optional[np.ndarray], parts: int, what: str) -> list[np.ndarray]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -140,3 +141,21 @@ def test_literature_configs_run_on_tiny_files(roots, tmp_path, experiment, data,
     s = train(cfg, out_dir=tmp_path, quiet=True)
     assert s["steps"] == 2 and s["data"] == data and s["rule"] == rule.replace("nnm_", "nnm>")
     assert s["attack"] == attack and 0.0 <= s["final_test_acc"] <= 1.0
+
+
+def test_natural_partition_gives_whole_groups_round_robin():
+    from experiments.data import _natural
+
+    # keys 5, 7, 9 become groups 0, 1, 2 (sorted); group k goes to worker k mod 2
+    parts = _natural(np.array([5, 5, 7, 9, 7, 9]), 2, "hf")
+    assert [p.tolist() for p in parts] == [[0, 1, 3, 5], [2, 4]]
+
+
+def test_hf_without_the_optional_package_or_a_path_is_a_clear_error():
+    with pytest.raises(ConfigError, match="data=hf needs data.path"):
+        validate(_cfg("data=hf"))
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="pip install datasets"):
+            validate(_cfg("data=hf", "data.path=flwrlabs/femnist"))
