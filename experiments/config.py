@@ -3,7 +3,9 @@
 Every typed node refuses keys it does not declare, so a misspelt key (``trainer.setps=10``) is an
 error at composition, never silently ignored. The ``aggregator``, ``preaggregation`` and
 ``attack`` nodes carry a ``_target_`` and the class's own parameters; they are checked against the
-class's signature by :func:`experiments.wiring.validate` before any process starts.
+class's signature by :func:`experiments.wiring.validate` before any process starts. ``model``,
+``optimizer`` and ``scheduler`` are ``_target_`` nodes too (any ``nn.Module``, ``torch.optim``
+optimizer or scheduler; :mod:`experiments.models`, :mod:`experiments.optim`).
 
 ``n`` and the declared ``f`` are set once, in ``threat``, and interpolated everywhere else.
 """
