@@ -5,9 +5,11 @@ error at composition, never silently ignored; a key added with ``+`` (``+trainer
 which Hydra lets into the composed config, is refused by :func:`experiments.wiring.as_config`.
 Open on purpose: the ``aggregator``, ``preaggregation`` and ``attack`` nodes carry a ``_target_``
 and the class's own parameters, checked against the class's signature by
-:func:`experiments.wiring.validate` before any process starts; each ``trainer.callbacks`` entry
-takes what its class takes; ``faults`` holds one named entry per selected file, each checked
-against :class:`FaultConf`.
+:func:`experiments.wiring.validate` before any process starts; ``model``, ``optimizer`` and
+``scheduler`` are ``_target_`` nodes too (any ``nn.Module``, ``torch.optim`` optimizer or scheduler;
+:mod:`experiments.models`, :mod:`experiments.optim`); each ``trainer.callbacks`` entry takes what its
+class takes; ``faults`` holds one named entry per selected file, each checked against
+:class:`FaultConf`.
 
 ``n`` and the declared ``f`` are set once, in ``threat``, and interpolated everywhere else.
 """
@@ -42,13 +44,22 @@ class Partition(str, enum.Enum):
     dirichlet = "dirichlet"
     label_sorted = "label_sorted"
     long_tail = "long_tail"
+    natural = "natural"
 
 
 class DataName(str, enum.Enum):
-    """Bundled data sets."""
+    """Data sets: bundled (``digits``, ``synthetic``), read from their published files under
+    ``data.root`` (``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``), a Hugging Face data
+    set (``hf``), or your own builder (``custom``, with ``data._target_``)."""
 
     digits = "digits"
     synthetic = "synthetic"
+    mnist = "mnist"
+    fashion_mnist = "fashion_mnist"
+    cifar10 = "cifar10"
+    cifar100 = "cifar100"
+    hf = "hf"
+    custom = "custom"
 
 
 class ByzantineData(enum.Enum):
@@ -100,6 +111,18 @@ class DataConf:
         dim, num_classes, samples, separation, heterogeneity: synthetic only: input dimension,
             classes, total examples, distance of class means from the origin, and the norm of a
             per-worker shift of the training inputs (feature heterogeneity).
+        root: the folder holding the published files of ``mnist``, ``fashion_mnist``, ``cifar10``
+            and ``cifar100`` (or the folders other tools leave there; see
+            :func:`robustagg.data.load`). download: fetch and verify missing files.
+        augment: random crop + horizontal flip per worker (``null``: the data set's default, on
+            for CIFAR, off otherwise; :data:`robustagg.data.DEFAULT_AUGMENT`).
+        max_test_samples: evaluate on the first this many test examples (``null``: all).
+        label: CIFAR-100: ``fine`` (100 classes) or ``coarse`` (20).
+        path, hf_name, image_key, label_key, partition_key: ``data=hf``: the Hugging Face data set,
+            its configuration name, the input and label columns, and the column of each example's
+            natural group (for ``partition=natural``: one group per worker, round-robin).
+        _target_: ``data=custom``: your builder ``my.module.build``, called with ``args``, returning
+            what :func:`robustagg.data.from_user` accepts (tensors or torch Datasets).
     """
 
     name: DataName = DataName.digits
@@ -117,11 +140,25 @@ class DataConf:
     samples: int = 4000
     separation: float = 3.0
     heterogeneity: float = 0.0
+    root: Optional[str] = None
+    download: bool = False
+    augment: Optional[bool] = None
+    max_test_samples: Optional[int] = None
+    label: str = "fine"
+    path: Optional[str] = None
+    hf_name: Optional[str] = None
+    image_key: str = "image"
+    label_key: str = "label"
+    partition_key: Optional[str] = None
+    _target_: Optional[str] = None
+    args: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class ModelConf:
-    """``mlp`` (hidden widths, dropout) or ``cnn`` (conv channels; needs image data such as digits)."""
+    """Former fixed model schema (``name``, ``hidden``, ``channels``, ``dropout``), kept for
+    imports: ``model`` is now a ``_target_`` node (``conf/model/``; any ``nn.Module``), built by
+    :func:`experiments.models.instantiate_model`."""
 
     name: str = "mlp"
     hidden: List[int] = field(default_factory=lambda: [64])
@@ -152,7 +189,9 @@ class TrainerConf:
     Attributes:
         mode: ``processes`` or ``simulated``.
         steps: optimizer steps. batch_size: per worker per step.
-        lr, momentum, weight_decay, nesterov: server-side SGD. scheduler: ``none`` or ``cosine``.
+        lr, momentum, weight_decay, nesterov, scheduler: moved to the ``optimizer`` and
+            ``scheduler`` groups (``optimizer.lr=0.05``, ``scheduler=cosine``); setting one here
+            is refused with a message naming the new key.
         worker_momentum: beta of each worker's momentum (0 = off).
         eval_every: evaluate on the test set every K steps (and at the end).
         param_check_every: compare a parameter digest across ranks every K steps (and at the end).
@@ -192,11 +231,13 @@ class TrainerConf:
     mode: Mode = Mode.processes
     steps: int = 300
     batch_size: int = 32
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    nesterov: bool = False
-    scheduler: str = "none"
+    # Moved to the optimizer and scheduler groups: kept only so that setting one fails with the
+    # migration message of experiments.wiring.moved_keys instead of "key not in TrainerConf".
+    lr: Any = None
+    momentum: Any = None
+    weight_decay: Any = None
+    nesterov: Any = None
+    scheduler: Any = None
     worker_momentum: float = 0.0
     eval_every: int = 50
     param_check_every: int = 100
@@ -294,7 +335,9 @@ class TrainConfig:
     preaggregation: Any = None
     attack: Any = None
     data: DataConf = field(default_factory=DataConf)
-    model: ModelConf = field(default_factory=ModelConf)
+    model: Any = None  # a _target_ node (conf/model/): any nn.Module
+    optimizer: Any = None  # a _target_ node with _partial_: true (conf/optimizer/): any torch.optim optimizer
+    scheduler: Any = None  # likewise (conf/scheduler/); _target_: null = constant learning rate
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: LoggerConf = field(default_factory=LoggerConf)
     server: ServerConf = field(default_factory=ServerConf)

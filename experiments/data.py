@@ -6,17 +6,18 @@ node and reports a partition that leaves a worker without data in config terms.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
-from robustagg.data import DataBundle, load_digits, make_synthetic, partition, train_test_split
+from robustagg.data import (DEFAULT_AUGMENT, DataBundle, LoadedData, from_user, load, load_digits, load_hf, make_synthetic,
+                            partition, train_test_split)
 from robustagg.errors import ConfigError
 
 from .config import ByzantineData, DataName, Partition
 
-__all__ = ["build_data"]
+__all__ = ["build_data", "augment_enabled"]
 
 
 def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int) -> DataBundle:
@@ -34,14 +35,33 @@ def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int
     c = cfg
     rng = np.random.default_rng([int(seed), 0xDA7A])
     name = DataName(getattr(c, "name"))
-    if name is DataName.digits:
-        x, y, C, shape = load_digits()
+    groups: Optional[np.ndarray] = None
+    if name in (DataName.digits, DataName.synthetic):
+        if name is DataName.digits:
+            x, y, C, shape = load_digits()
+        else:
+            x, y = make_synthetic(dim=int(getattr(c, "dim")), num_classes=int(getattr(c, "num_classes")),
+                                  samples=int(getattr(c, "samples")), separation=float(getattr(c, "separation")),
+                                  rng=rng)
+            C, shape = int(getattr(c, "num_classes")), (int(getattr(c, "dim")),)
+        tr, te = train_test_split(y, float(getattr(c, "test_fraction")), rng)
+        xtr_all, ytr_all, xte, yte = x, y, x[te], y[te]
     else:
-        x, y = make_synthetic(dim=int(getattr(c, "dim")), num_classes=int(getattr(c, "num_classes")),
-                              samples=int(getattr(c, "samples")), separation=float(getattr(c, "separation")),
-                              rng=rng)
-        C, shape = int(getattr(c, "num_classes")), (int(getattr(c, "dim")),)
-    tr, te = train_test_split(y, float(getattr(c, "test_fraction")), rng)
+        loaded = _load_external(c, name)
+        C, shape = loaded.num_classes, tuple(loaded.input_shape)
+        xtr_all, ytr_all = _flat(loaded.train_x), loaded.train_y.numpy()
+        xte, yte = _flat(loaded.test_x), loaded.test_y.numpy()
+        if loaded.groups is not None:
+            groups = loaded.groups.numpy()
+        if len(yte) == 0:  # the source has no test split: hold out test_fraction of the training set
+            tr, te = train_test_split(ytr_all, float(getattr(c, "test_fraction")), rng)
+            xte, yte = xtr_all[te], ytr_all[te]
+        else:
+            tr = np.arange(len(ytr_all), dtype=np.int64)
+    test_limit = getattr(c, "max_test_samples", None)
+    if test_limit is not None:
+        xte, yte = xte[:int(test_limit)], yte[:int(test_limit)]
+    x, y = xtr_all, ytr_all
     limit = getattr(c, "max_train_samples")
     if limit is not None:
         tr = np.sort(rng.permutation(tr)[:int(limit)])
@@ -50,10 +70,13 @@ def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int
     full = ByzantineData(getattr(c, "byzantine_data")) is ByzantineData.full and byz
     holders = [r for r in range(n) if r not in byz] if full else list(range(n))
     scheme = Partition(getattr(c, "partition"))
-    pieces = partition(ytr, len(holders), scheme, rng=rng, alpha=float(getattr(c, "alpha")),
-                       shards_per_worker=int(getattr(c, "shards_per_worker")),
-                       imbalance=float(getattr(c, "imbalance")), num_classes=C,
-                       min_samples=int(getattr(c, "min_samples")), max_tries=int(getattr(c, "max_tries")))
+    if scheme is Partition.natural:
+        pieces = _natural(None if groups is None else groups[tr], len(holders), name.value)
+    else:
+        pieces = partition(ytr, len(holders), scheme.value, rng=rng, alpha=float(getattr(c, "alpha")),
+                           shards_per_worker=int(getattr(c, "shards_per_worker")),
+                           imbalance=float(getattr(c, "imbalance")), num_classes=C,
+                           min_samples=int(getattr(c, "min_samples")), max_tries=int(getattr(c, "max_tries")))
     parts: list[np.ndarray] = [np.arange(len(ytr), dtype=np.int64) for _ in range(n)]
     for r, p in zip(holders, pieces):
         parts[r] = p.astype(np.int64)
@@ -71,6 +94,62 @@ def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int
         u = rng.standard_normal((n, x.shape[1]))
         u /= np.linalg.norm(u, axis=1, keepdims=True)
         shifts = torch.from_numpy((het * u).astype(np.float32))
-    return DataBundle(train_x=torch.from_numpy(x[tr]), train_y=torch.from_numpy(ytr), test_x=torch.from_numpy(x[te]),
-                      test_y=torch.from_numpy(y[te]), num_classes=C, input_shape=tuple(shape), parts=parts,
+    return DataBundle(train_x=torch.from_numpy(x[tr]), train_y=torch.from_numpy(ytr), test_x=torch.from_numpy(xte),
+                      test_y=torch.from_numpy(yte), num_classes=C, input_shape=tuple(shape), parts=parts,
                       shifts=shifts, name=name.value, partition=scheme.value)
+
+
+def _flat(x: torch.Tensor) -> np.ndarray:
+    """``(N, *shape)`` inputs as ``(N, D)`` float32 (uint8 images scaled to ``[0, 1]``)."""
+    t = x.reshape(len(x), int(np.prod(x.shape[1:])))
+    t = t.to(torch.float32).div_(255.0) if t.dtype == torch.uint8 else t.to(torch.float32)
+    return np.ascontiguousarray(t.numpy())
+
+
+def _load_external(c: object, name: DataName) -> LoadedData:
+    """The published files (``data.root``), a Hugging Face data set, or the user's builder."""
+    if name is DataName.hf:
+        path = getattr(c, "path", None)
+        if not path:
+            raise ConfigError("data=hf needs data.path (the data set's hub name or a local builder such as parquet).")
+        return load_hf(str(path), image_key=str(getattr(c, "image_key")), label_key=str(getattr(c, "label_key")),
+                       name=getattr(c, "hf_name", None), partition_key=getattr(c, "partition_key", None))
+    if name is DataName.custom:
+        target = getattr(c, "_target_", None)
+        if not target:
+            raise ConfigError("data=custom needs data._target_=my.module.build (a function returning train/test "
+                              "tensors or torch Datasets; keyword arguments in data.args).")
+        from hydra.utils import get_method
+
+        try:
+            fn = get_method(str(target))
+        except Exception as exc:
+            raise ConfigError(f"data._target_={target!r} cannot be imported: {exc}") from None
+        args = dict(getattr(c, "args", {}) or {})
+        return from_user(fn(**args), name=str(target))
+    root = getattr(c, "root", None)
+    if not root:
+        raise ConfigError(f"data={name.value} needs data.root=DIR, the folder holding (or receiving, with "
+                          f"data.download=true) its published files.")
+    label = str(getattr(c, "label"))
+    if label not in ("fine", "coarse"):
+        raise ConfigError(f"data.label must be fine or coarse (CIFAR-100's 100 or 20 classes); got {label!r}.")
+    return load(name.value, str(root), download=bool(getattr(c, "download")),
+                label="fine" if label == "fine" else "coarse")
+
+
+def _natural(groups: Optional[np.ndarray], parts: int, what: str) -> list[np.ndarray]:
+    """``partition=natural``: natural group ``k`` (in sorted key order) goes to worker ``k mod parts``."""
+    if groups is None:
+        raise ConfigError(f"data.partition=natural needs natural groups, which data={what} does not have; give "
+                          "data.partition_key (e.g. writer_id) with data=hf, or use another partition.")
+    g = np.unique(groups, return_inverse=True)[1].reshape(-1)
+    return [np.flatnonzero(g % parts == w).astype(np.int64) for w in range(parts)]
+
+
+def augment_enabled(cfg: object) -> bool:
+    """Whether ``data`` asks for per-worker crop + flip: ``data.augment``, or when ``null`` the
+    data set's default (:data:`robustagg.data.DEFAULT_AUGMENT`: on for CIFAR, off otherwise)."""
+    aug = getattr(cfg, "augment", None)
+    name = DataName(getattr(cfg, "name")).value
+    return bool(DEFAULT_AUGMENT.get(name, False) if aug is None else aug)

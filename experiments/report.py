@@ -12,7 +12,9 @@ Reads every run of a Hydra multirun folder (resolved config, ``metrics.jsonl``, 
 - ``weights.csv``: each honest worker's mean weight in the aggregate and its label skew;
 - ``report.md``: the tables (final accuracy rule x attack, the trade-off, worst-class accuracy,
   skipped runs) and the figures;
-- ``accuracy_heatmap.png``, ``tradeoff.png``, ``kappa_<setting>.png``, ``weights_vs_skew.png``.
+- ``accuracy_heatmap.png``, ``tradeoff.png``, ``kappa_<setting>.png``, ``weights_vs_skew.png``,
+  ``learning_acc_<setting>.png`` and ``learning_loss_<setting>.png`` (learning curves: a panel per
+  rule, a line per attack, the seeds as a band).
 
 With ``--wandb`` (or when the sweep's runs logged to W&B), the tables (``wandb.Table``) and images
 are also logged to a run named ``report`` in the sweep's W&B group (offline unless
@@ -37,7 +39,8 @@ import pandas as pd
 
 from robustagg.errors import ConfigError
 
-from .report_figures import accuracy_heatmap, kappa_curves, save_figure, tradeoff_scatter, weight_vs_skew
+from .report_figures import (accuracy_heatmap, kappa_curves, learning_curves, save_figure, tradeoff_scatter,
+                             weight_vs_skew)
 from .report_load import SweepData, load_sweep, write_atomic
 from .report_tables import Report, across_settings, add_derived, backdoor_table, pivot, slug, to_markdown, tradeoff
 
@@ -182,6 +185,13 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
                 name = f"kappa_{slug(setting)}.png"
                 files.append(save_figure(fig, out / name))
                 figures.setdefault(setting, []).append(name)
+        for setting in settings:
+            for metric in ("acc", "loss"):
+                fig = learning_curves(results, sweep.curves, setting, metric)
+                if fig is not None:
+                    name = f"learning_{metric}_{slug(setting)}.png"
+                    files.append(save_figure(fig, out / name))
+                    figures.setdefault(setting, []).append(name)
         fig = weight_vs_skew(results, sweep.weights)
         if fig is not None:
             files.append(save_figure(fig, out / "weights_vs_skew.png"))

@@ -6,6 +6,8 @@
   accuracy lost to the worst attack (y, integrity), one point per rule, frontier marked;
 - :func:`kappa_curves`: kappa-hat over training, one panel per rule, one line per attack, with the
   rule's literature bound and the lower bound ``f / (n - 2f)`` as horizontal lines, log y;
+- :func:`learning_curves`: test accuracy (or loss) against the step, one panel per rule, one line
+  per attack (mean over seeds) with the seeds' range as a band (:func:`curve_bands`);
 - :func:`weight_vs_skew`: each honest worker's share of the aggregate (relative to a fair ``1/n``)
   against its label skew, one panel per rule.
 """
@@ -27,7 +29,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .report_tables import ATTACK_ORDER, RULE_ORDER, mean_grid, order  # noqa: E402
 
-__all__ = ["rule_colors", "save_figure", "accuracy_heatmap", "tradeoff_scatter", "kappa_curves", "weight_vs_skew", "kappa_bounds"]
+__all__ = ["rule_colors", "save_figure", "accuracy_heatmap", "tradeoff_scatter", "kappa_curves", "weight_vs_skew", "kappa_bounds",
+           "curve_bands", "learning_curves"]
 
 _DPI = 110
 
@@ -306,6 +309,56 @@ def kappa_curves(runs: pd.DataFrame, kappa: pd.DataFrame, setting: str,
         ax.grid(alpha=0.3, which="both")
     fig.suptitle(f"empirical robustness coefficient kappa-hat = ||F(X) - mean_H||^2 / V(H) over training "
                  f"(median over seeds) — {setting}", fontsize=10)
+    _legend(fig, handles, 4)
+    return fig
+
+
+def curve_bands(runs: pd.DataFrame, curves: pd.DataFrame, setting: str, metric: str) -> pd.DataFrame:
+    """Per rule, attack and evaluation step of one setting: the ``mean``, ``low`` (minimum) and
+    ``high`` (maximum) of ``metric`` (``acc`` or ``loss``) over the seeds, and how many ``seeds``
+    were evaluated there; finished runs only (status ``ok``), non-finite values left out."""
+    sub = runs[(runs["setting"] == setting) & (runs["status"] == "ok")]
+    data = curves.merge(sub[["run_id", "rule", "attack"]], on="run_id")
+    data = data[np.isfinite(data[metric].astype(float))]
+    cols = ["rule", "attack", "step", "mean", "low", "high", "seeds"]
+    if data.empty:
+        return pd.DataFrame(columns=cols)
+    g = data.assign(v=data[metric].astype(float)).groupby(["rule", "attack", "step"])["v"]
+    out = pd.DataFrame({"mean": g.mean(), "low": g.min(), "high": g.max(), "seeds": g.size()}).reset_index()
+    return out[cols]
+
+
+def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, setting: str, metric: str = "acc") -> Optional[Any]:
+    """Test accuracy (``metric="acc"``, in %) or test loss (``"loss"``, nats) against the training
+    step for one setting: a panel per rule, a line per attack (mean over seeds), the seeds' range
+    (minimum to maximum) as a shaded band; ``None`` when no run of the setting was evaluated."""
+    bands = curve_bands(runs, curves, setting, metric)
+    if bands.empty:
+        return None
+    scale = 100.0 if metric == "acc" else 1.0
+    rules = order(bands["rule"], RULE_ORDER)
+    attacks = order(bands["attack"], ATTACK_ORDER)
+    colors = {a: matplotlib.colormaps["tab10"](i % 10) for i, a in enumerate(attacks)}
+    fig, axes = _grid(len(rules), 4, 4.2, 3.3)
+    handles: dict[str, Any] = {}
+    for ax, rule in zip(axes.flat, rules):
+        for attack in attacks:
+            b = bands[(bands["rule"] == rule) & (bands["attack"] == attack)].sort_values("step")
+            if b.empty:
+                continue
+            x = b["step"].to_numpy(dtype=float)
+            line, = ax.plot(x, scale * b["mean"].to_numpy(dtype=float), color=colors[attack], lw=1.3, marker=".")
+            if (b["seeds"] > 1).any():
+                ax.fill_between(x, scale * b["low"].to_numpy(dtype=float), scale * b["high"].to_numpy(dtype=float),
+                                color=colors[attack], alpha=0.2, lw=0)
+            handles.setdefault(f"attack: {attack}", line)
+        ax.set_title(rule, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("test accuracy (%)" if metric == "acc" else "test loss (cross-entropy, nats)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    what = "test accuracy" if metric == "acc" else "test loss"
+    fig.suptitle(f"{what} over training (line: mean over seeds; band: the seeds' range) — {setting}", fontsize=10)
     _legend(fig, handles, 4)
     return fig
 

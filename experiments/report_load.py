@@ -12,8 +12,9 @@ folder). From it the report takes:
   running; the reason names the requirement the config breaks, if any);
 - final and worst-class accuracy (last ``kind="test"`` record of ``metrics.jsonl``, else
   ``summary.json``), mean kappa-hat, Byzantine-accepted rate, steps, wall time;
-- two long tables: kappa-hat per training step, and each honest worker's mean weight with its label
-  skew (total-variation distance of its label histogram from the pool's).
+- three long tables: kappa-hat per training step, each honest worker's mean weight with its label
+  skew (total-variation distance of its label histogram from the pool's), and the learning curve
+  (test accuracy and loss at every evaluation).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -32,7 +33,9 @@ from robustagg.errors import ConfigError
 
 from .report_config import IDENTITY_KEYS, describe_run, disambiguate, load_config
 
-__all__ = ["SweepData", "find_runs", "load_sweep", "load_run", "read_metrics", "classify", "write_atomic",
+CURVE_COLUMNS = ["run_id", "step", "acc", "loss"]
+
+__all__ = ["SweepData", "find_runs", "load_sweep", "load_run", "learning_curve", "read_metrics", "classify", "write_atomic",
            # re-exported from report_config
            "load_config", "describe_run", "IDENTITY_KEYS"]
 
@@ -47,12 +50,15 @@ class SweepData:
         weights: long table ``run_id, worker, weight, rel_weight, label_skew`` (honest workers' mean
             weight over the training steps; ``rel_weight = n * weight``, 1 = a fair share).
         root: the sweep folder.
+        curves: long table ``run_id, step, acc, loss`` (every evaluation: test accuracy as a
+            fraction, mean test cross-entropy in nats).
     """
 
     runs: pd.DataFrame
     kappa: pd.DataFrame
     weights: pd.DataFrame
     root: Path
+    curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CURVE_COLUMNS))
 
 
 def write_atomic(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
@@ -186,9 +192,21 @@ def _label_skew(cfg: dict[str, Any], summary: dict[str, Any], cache: dict[str, l
     return cache[key]
 
 
+def learning_curve(metrics: pd.DataFrame, run_id: str) -> pd.DataFrame:
+    """The ``kind="test"`` records of one run's metrics as ``run_id, step, acc, loss`` (sorted by step)."""
+    test = metrics[metrics["kind"] == "test"] if "kind" in metrics and "test/acc" in metrics else metrics.iloc[0:0]
+    if not len(test):
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    loss = test["test/loss"] if "test/loss" in test else pd.Series(math.nan, index=test.index)
+    out = pd.DataFrame({"run_id": run_id, "step": test["step"].astype(int), "acc": test["test/acc"].map(_num),
+                        "loss": loss.map(_num)})
+    return out.sort_values("step").reset_index(drop=True)
+
+
 def load_run(run: Path, run_id: str, skew_cache: dict[str, list[float]]) -> tuple[dict[str, Any], pd.DataFrame,
                                                                                   pd.DataFrame]:
-    """One run: its row of the runs table, its kappa-hat curve and its honest workers' weights."""
+    """One run: its row of the runs table, its kappa-hat curve and its honest workers' weights
+    (its learning curve: :func:`learning_curve`)."""
     cfg = load_config(run)
     row: dict[str, Any] = {"run_id": run_id, "run_dir": str(run)}
     row.update(describe_run(cfg))
@@ -255,7 +273,7 @@ def load_sweep(root: str | os.PathLike[str], runs: Optional[Iterable[Path]] = No
     if not found:
         raise ConfigError(f"no run found under {str(base)!r}: expected folders with .hydra/config.yaml "
                           f"(a Hydra multirun directory).")
-    rows, kappas, weights = [], [], []
+    rows, kappas, weights, curves = [], [], [], []
     cache: dict[str, list[float]] = {}
     for path in found:
         rid = str(path.relative_to(base)) if path != base else "."
@@ -263,6 +281,7 @@ def load_sweep(root: str | os.PathLike[str], runs: Optional[Iterable[Path]] = No
         rows.append(row)
         kappas.append(kap)
         weights.append(w)
+        curves.append(learning_curve(read_metrics(path / "metrics.jsonl"), rid))
     kappa = pd.concat([k for k in kappas if len(k)], ignore_index=True) if any(len(k) for k in kappas) else \
         pd.DataFrame(columns=["run_id", "step", "kappa_hat"])
     wt = pd.concat([w for w in weights if len(w)], ignore_index=True) if any(len(w) for w in weights) else \
@@ -270,4 +289,6 @@ def load_sweep(root: str | os.PathLike[str], runs: Optional[Iterable[Path]] = No
     table = pd.DataFrame.from_records(rows)
     table["rule"] = disambiguate(table["rule"], table["rule_params"])
     table["attack"] = disambiguate(table["attack"], table["attack_params"])
-    return SweepData(runs=table, kappa=kappa, weights=wt, root=base)
+    curve = pd.concat([c for c in curves if len(c)], ignore_index=True) if any(len(c) for c in curves) else \
+        pd.DataFrame(columns=CURVE_COLUMNS)
+    return SweepData(runs=table, kappa=kappa, weights=wt, root=base, curves=curve)

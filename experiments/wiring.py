@@ -41,8 +41,9 @@ from robustagg.preaggregation.base import PreAggregator
 from robustagg.training import AttackAdapter, ByzantineBehaviour, Fault, evaluate
 
 from .config import FaultConf, Mode, TrainConfig
-from .data import build_data
-from .models import build_model
+from .data import augment_enabled, build_data
+from .models import instantiate_model
+from .optim import build_optimizer, build_scheduler, moved_keys
 
 __all__ = ["Plan", "ExperimentBuild", "as_config", "validate", "build_rule", "build_attack", "build_byzantine",
            "build_model_and_optimizer", "AttackAdapter", "rule_names"]
@@ -380,16 +381,40 @@ def _finite(x: Any) -> bool:
     return math.isfinite(float(x))
 
 
+def _optimizer_checks(opt: Any) -> list[tuple[bool, str]]:
+    """The numbers torch does not refuse by itself (``inf``, ``nan``) in the ``optimizer`` node."""
+    checks: list[tuple[bool, str]] = []
+    if not isinstance(opt, Mapping):
+        return checks
+    if "lr" in opt:
+        checks.append((_finite(opt["lr"]) and float(opt["lr"]) > 0,
+                       f"optimizer.lr must be a finite number > 0 (the server step size); got {opt['lr']}. Use e.g. "
+                       "optimizer.lr=0.1."))
+    if "weight_decay" in opt:
+        checks.append((_finite(opt["weight_decay"]) and float(opt["weight_decay"]) >= 0,
+                       f"optimizer.weight_decay must be a finite number >= 0 (the L2 penalty); got "
+                       f"{opt['weight_decay']}. Use e.g. optimizer.weight_decay=0."))
+    for key in ("momentum", "eps", "dampening"):
+        if key in opt:
+            checks.append((_finite(opt[key]) and float(opt[key]) >= 0,
+                           f"optimizer.{key} must be a finite number >= 0; got {opt[key]}."))
+    return checks
+
+
 def _model_checks(model: DictConfig) -> list[tuple[bool, str]]:
-    hidden, channels = list(model.hidden), list(model.channels)
-    return [
-        (all(int(h) >= 1 for h in hidden), f"model.hidden lists layer widths, each an integer >= 1; got {hidden}. "
-                                           "Use e.g. model.hidden=[64] (or [] for a linear model)."),
-        (all(int(c) >= 1 for c in channels), f"model.channels lists conv channels, each an integer >= 1; got "
-                                             f"{channels}. Use e.g. model.channels=[8,16]."),
-        (0 <= float(model.dropout) < 1, f"model.dropout must be in [0, 1); got {model.dropout}. Use e.g. "
-                                        "model.dropout=0.1 (0 = none)."),
-    ]
+    """Widths and dropout of the shipped models' nodes, when the node has them (any ``_target_`` is
+    checked further by building it in :func:`validate`)."""
+    checks: list[tuple[bool, str]] = []
+    for key, example in (("hidden", "model.hidden=[64] (or [] for a linear model)"), ("channels", "model.channels=[8,16]")):
+        if key in model:
+            vals = list(model[key])
+            what = "layer widths" if key == "hidden" else "conv channels"
+            checks.append((all(int(v) >= 1 for v in vals), f"model.{key} lists {what}, each an integer >= 1; got "
+                                                           f"{vals}. Use e.g. {example}."))
+    if "dropout" in model:
+        checks.append((0 <= float(model.dropout) < 1, f"model.dropout must be in [0, 1); got {model.dropout}. Use "
+                                                      "e.g. model.dropout=0.1 (0 = none)."))
+    return checks
 
 
 def _callback_checks(callbacks: Any) -> None:
@@ -489,16 +514,9 @@ def _trainer_checks(cfg: DictConfig) -> None:
     checks = [
         (int(tr.steps) >= 0, f"trainer.steps must be >= 0; got {tr.steps}."),
         (int(tr.batch_size) >= 1, f"trainer.batch_size must be >= 1; got {tr.batch_size}."),
-        (_finite(tr.lr) and float(tr.lr) > 0,
-         f"trainer.lr must be a finite number > 0 (the SGD step size); got {tr.lr}. Use e.g. trainer.lr=0.1."),
-        (0 <= float(tr.momentum) < 1, f"trainer.momentum must be in [0, 1); got {tr.momentum}."),
-        (_finite(tr.weight_decay) and float(tr.weight_decay) >= 0,
-         f"trainer.weight_decay must be a finite number >= 0 (the L2 penalty); got {tr.weight_decay}. Use e.g. "
-         "trainer.weight_decay=0."),
         (0 <= float(tr.worker_momentum) < 1, f"trainer.worker_momentum must be in [0, 1); got {tr.worker_momentum}."),
         (int(tr.eval_every) >= 0 and int(tr.param_check_every) >= 0,
          "trainer.eval_every and trainer.param_check_every must be >= 0."),
-        (str(tr.scheduler) in ("none", "cosine"), f"trainer.scheduler must be none or cosine; got {tr.scheduler!r}."),
         (str(tr.reduction) in reduction_modes(),
          f"trainer.reduction must be one of {', '.join(reduction_modes())}; got {tr.reduction!r}."),
         (str(tr.on_nonfinite) in ("abort", "drop"), f"trainer.on_nonfinite must be abort or drop; got {tr.on_nonfinite!r}."),
@@ -518,6 +536,7 @@ def _trainer_checks(cfg: DictConfig) -> None:
         (float(tr.straggler_factor) > 1, f"trainer.straggler_factor must be > 1; got {tr.straggler_factor}."),
         (str(tr.resume) != "", "trainer.resume must be auto, never or a checkpoint folder; got an empty string."),
         *_model_checks(cfg.model),
+        *_optimizer_checks(cfg.get("optimizer")),
     ]
     for ok, msg in checks:
         if not ok:
@@ -592,6 +611,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
         AssumptionError: the rule's requirement fails for ``threat.n`` and ``threat.f`` (strict).
     """
     cfg = as_config(cfg)
+    moved_keys(cfg.trainer)
     n, f, b, ranks, notes = _threat(cfg)
     _trainer_checks(cfg)
     device, backend = _device(cfg)
@@ -683,15 +703,19 @@ def ra_seed(*parts: int) -> int:
 
 def build_model_and_optimizer(data: DataBundle, cfg: DictConfig,
                               device: torch.device) -> tuple[torch.nn.Module, Any, Any]:
-    """Model (initialised from ``cfg.seed``, identical in every process), SGD, optional cosine schedule."""
+    """The ``model`` node (initialised from ``cfg.seed``, identical in every process), behind the
+    per-worker crop + flip when ``data`` asks for it (:func:`experiments.data.augment_enabled`),
+    the ``optimizer`` over its parameters and the ``scheduler`` (or ``None``).
+
+    Raises:
+        ConfigError: a model, optimizer or scheduler node that cannot be built (the message names it).
+    """
     torch.manual_seed(ra_seed(int(cfg.seed), 0x30DE1))
-    model = build_model(str(cfg.model.name), input_shape=data.input_shape, num_classes=data.num_classes,
-                        hidden=list(cfg.model.hidden), channels=list(cfg.model.channels),
-                        dropout=float(cfg.model.dropout)).to(device)
-    tr = cfg.trainer
-    opt = torch.optim.SGD(model.parameters(), lr=float(tr.lr), momentum=float(tr.momentum),
-                          weight_decay=float(tr.weight_decay), nesterov=bool(tr.nesterov))
-    sched = None
-    if str(tr.scheduler) == "cosine":
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, int(tr.steps)))
-    return model, opt, sched
+    model = instantiate_model(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    if augment_enabled(cfg.data):
+        from robustagg.data import Augment
+
+        model = torch.nn.Sequential(Augment(data.input_shape), model)
+    model = model.to(device)
+    opt = build_optimizer(cfg.get("optimizer"), model.parameters())
+    return model, opt, build_scheduler(cfg.get("scheduler"), opt)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -19,7 +21,8 @@ from experiments.wiring import as_config, build_attack, build_rule, rule_names, 
 from robustagg.errors import AssumptionError, ConfigError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = ["aggregator", "preaggregation", "attack", "threat", "data", "model", "trainer", "logger"]
+GROUPS = ["aggregator", "preaggregation", "attack", "threat", "data", "model", "optimizer", "scheduler", "trainer",
+          "logger"]
 FAST = ["trainer.steps=1", "logger=none"]
 
 
@@ -156,11 +159,12 @@ REFUSED = [
                                          r"most\); got inf\. Use e\.g\. trainer\.collective_timeout_s=60"),
     ("trainer.collective_timeout_s=1e15", r"trainer\.collective_timeout_s must be .*; got 1000000000000000\.0\."),
     ("trainer.collective_timeout_s=0", r"trainer\.collective_timeout_s must be .*; got 0\.0\."),
-    ("trainer.lr=inf", r"trainer\.lr must be a finite number > 0 \(the SGD step size\); got inf\. Use e\.g\. "
-                       r"trainer\.lr=0\.1"),
-    ("trainer.lr=nan", r"trainer\.lr must be a finite number > 0 .*; got nan\."),
-    ("trainer.weight_decay=-1", r"trainer\.weight_decay must be a finite number >= 0 .*; got -1\.0\. Use e\.g\. "
-                                r"trainer\.weight_decay=0"),
+    ("trainer.lr=inf", r"trainer\.lr=inf -> optimizer\.lr"),  # moved: one migration message
+    ("optimizer.lr=inf", r"optimizer\.lr must be a finite number > 0 \(the server step size\); got inf\."),
+    ("optimizer.lr=nan", r"optimizer\.lr must be a finite number > 0 .*; got nan\."),
+    ("trainer.weight_decay=-1", r"trainer\.weight_decay=-1 -> optimizer\.weight_decay"),
+    ("optimizer.weight_decay=-1", r"optimizer\.weight_decay must be a finite number >= 0 .*; got -1"),
+    ("optimizer.momentum=inf", r"optimizer\.momentum must be a finite number >= 0; got inf"),
     ("trainer.port=-1", r"trainer\.port must be 0 \(pick a free port\) or a TCP port in 1\.\.65535; got -1\."),
     ("trainer.port=70000", r"trainer\.port must be 0 \(pick a free port\) or a TCP port in 1\.\.65535; got 70000\."),
     ("trainer.threads=0", r"trainer\.threads must be an integer >= 1 \(torch threads per process\); got 0\. "
@@ -172,7 +176,7 @@ REFUSED = [
     ("model.hidden=[-5]", r"model\.hidden lists layer widths, each an integer >= 1; got \[-5\]\. Use e\.g\. "
                           r"model\.hidden=\[64\] \(or \[\] for a linear model\)"),
     ("model.hidden=[0]", r"model\.hidden lists layer widths, each an integer >= 1; got \[0\]\."),
-    ("model.channels=[8,0]", r"model\.channels lists conv channels, each an integer >= 1; got \[8, 0\]\."),
+    ("model=cnn|model.channels=[8,0]", r"model\.channels lists conv channels, each an integer >= 1; got \[8, 0\]\."),
     ("model.dropout=1.5", r"model\.dropout must be in \[0, 1\); got 1\.5\."),
     ("trainer.master_addr=999.1.1.1", r"trainer\.master_addr='999\.1\.1\.1' is not a valid IPv4 address \(four "
                                       r"numbers 0\.\.255\); use e\.g\. trainer\.master_addr=127\.0\.0\.1"),
@@ -192,7 +196,7 @@ REFUSED = [
     ("+trainer.optimizer=adam", r"unknown key trainer\.optimizer: the schema of trainer \(TrainerConf\) does not "
                                 r"declare it.*valid keys: mode, steps, batch_size, lr"),
     ("+trainer.lrr=0.1", r"unknown key trainer\.lrr: .*Did you mean trainer\.lr\?"),
-    ("+data.augment=true", r"unknown key data\.augment: the schema of data \(DataConf\) does not declare it"),
+    ("+data.augmentation=true", r"unknown key data\.augmentation: the schema of data \(DataConf\) does not declare"),
     ("+logger.projet=x", r"unknown key logger\.projet: .*Did you mean logger\.project\?"),
     ("+trainer.checkpoint.evry=5", r"unknown key trainer\.checkpoint\.evry: .*Did you mean trainer\.checkpoint\.every"),
     ("+sed=3", r"unknown key sed: the schema of the top level \(TrainConfig\) .*Did you mean seed\?"),
@@ -206,7 +210,7 @@ REFUSED = [
 def test_malformed_values_are_refused_before_launch(override, message):
     extra = ["trainer.device=cpu"] if "backend" in override else []
     with pytest.raises(ConfigError, match=message) as info:
-        validate(_compose([override, *extra, *FAST]))
+        validate(_compose([*override.split("|"), *extra, *FAST]))
     assert "\n" not in str(info.value)  # one line
 
 
@@ -288,3 +292,89 @@ def test_the_readme_torchrun_line_is_complete_and_validates(monkeypatch):
         monkeypatch.setenv("WORLD_SIZE", str(nproc))  # what torchrun sets: world size must equal threat.n
         plan = validate(_compose([o for o in overrides if not o.startswith("hydra.")] + FAST))
         assert plan.n == nproc
+
+
+# One example shape each shipped model accepts (digits are 8x8: LeNet-5 and the ResNets need 28x28 or 32x32).
+MODEL_SHAPES = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "lenet5": (1, 28, 28), "resnet20": (3, 32, 32),
+                "resnet18": (3, 32, 32)}
+
+
+def test_every_model_file_has_a_smoke_shape():
+    assert sorted(MODEL_SHAPES) == _options("model")
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_SHAPES))
+def test_every_model_entry_builds_for_its_data_shape(model):
+    from experiments.models import instantiate_model
+
+    shape = MODEL_SHAPES[model]
+    cfg = as_config(_compose([f"model={model}", *FAST]))
+    net = instantiate_model(cfg.model, input_shape=shape, num_classes=7)
+    x = torch.zeros(2, int(np.prod(shape)))  # the trainer feeds flat (b, D) rows
+    assert net(x).shape == (2, 7)
+
+
+@pytest.mark.parametrize("optimizer", _options("optimizer"))
+@pytest.mark.parametrize("scheduler", _options("scheduler"))
+def test_every_optimizer_and_scheduler_entry_validates_and_builds(optimizer, scheduler):
+    from experiments.wiring import build_model_and_optimizer
+
+    cfg = as_config(_compose([f"optimizer={optimizer}", f"scheduler={scheduler}", "trainer.steps=40", "logger=none"]))
+    plan = validate(cfg)
+    _, opt, sched = build_model_and_optimizer(plan.data, plan.config(), torch.device("cpu"))
+    assert type(opt).__name__.lower() == optimizer
+    assert (sched is None) == (scheduler == "none")
+    if scheduler in ("cosine", "warmup_cosine"):  # the length follows trainer.steps (interpolated)
+        assert plan.cfg["scheduler"]["T_max" if scheduler == "cosine" else "total_steps"] == 40
+    assert plan.fingerprint["optimizer._target_"] == cfg.optimizer._target_  # part of the experiment identity
+
+
+def test_the_default_optimizer_is_plain_sgd_without_a_schedule():
+    cfg = as_config(_compose(FAST))
+    assert cfg.optimizer == {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1, "momentum": 0.0,
+                             "weight_decay": 0.0, "nesterov": False}
+    assert cfg.scheduler == {"_target_": None}
+
+
+@pytest.mark.parametrize("override,new", [("trainer.lr=0.05", "optimizer.lr"), ("trainer.momentum=0.9", "optimizer.momentum"),
+                                          ("trainer.weight_decay=1e-4", "optimizer.weight_decay"),
+                                          ("trainer.nesterov=true", "optimizer.nesterov"),
+                                          ("trainer.scheduler=cosine", "scheduler=NAME")])
+def test_former_trainer_optimizer_keys_fail_with_one_migration_message(override, new):
+    with pytest.raises(ConfigError, match="moved out of trainer") as err:
+        validate(_compose([override, *FAST]))
+    assert f"{override.split('=')[0]}=" in str(err.value) and new in str(err.value)
+
+
+def test_bad_model_optimizer_and_scheduler_nodes_are_named():
+    with pytest.raises(ConfigError, match=r"model robustagg.models.MLP does not take 'widths'"):
+        validate(_compose(["+model.widths=[3]", *FAST]))
+    with pytest.raises(ConfigError, match=r"model=lenet5 needs images of shape"):
+        validate(_compose(["model=lenet5", *FAST]))  # digits are 8x8
+    with pytest.raises(ConfigError, match=r"optimizer.lr must be a finite number > 0 .*; got -1"):
+        validate(_compose(["optimizer.lr=-1", *FAST]))
+    with pytest.raises(ConfigError, match=r"optimizer._target_='torch.optim.Nope' cannot be imported|optimizer "
+                                          r"torch.optim.Nope"):
+        validate(_compose(["optimizer._target_=torch.optim.Nope", *FAST]))
+    with pytest.raises(ConfigError, match="_partial_: true"):
+        validate(_compose(["optimizer._partial_=false", *FAST]))
+
+
+def test_any_torch_optimizer_by_override():
+    plan = validate(_compose(["optimizer._target_=torch.optim.RMSprop", "~optimizer.nesterov", *FAST]))
+    from experiments.wiring import build_model_and_optimizer
+
+    _, opt, _ = build_model_and_optimizer(plan.data, plan.config(), torch.device("cpu"))
+    assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["lr"] == 0.1
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10", "cifar100"])
+def test_every_file_data_entry_validates_on_tiny_published_format_files(name, tmp_path):
+    from real_files import write_files
+
+    model = "lenet5" if name in ("mnist", "fashion_mnist") else "resnet20"
+    plan = validate(_compose([f"data={name}", f"data.root={write_files(name, tmp_path)}", f"model={model}",
+                              "threat.n=3", "threat.f=1", *FAST]))
+    assert plan.data.name == name and plan.data.input_shape == ((1, 28, 28) if model == "lenet5" else (3, 32, 32))
+    assert plan.data.num_classes == (100 if name == "cifar100" else 10)
+    assert plan.cfg["data"]["augment"] is None and plan.fingerprint["data.name"] == name

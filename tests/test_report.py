@@ -21,7 +21,7 @@ import yaml
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 from experiments import report as rep  # noqa: E402
-from experiments.report_figures import kappa_bounds  # noqa: E402
+from experiments.report_figures import curve_bands, kappa_bounds  # noqa: E402
 from experiments.report_load import describe_run, load_config, load_sweep  # noqa: E402
 from experiments.report_tables import across_settings, add_derived, pareto_front, pivot, tradeoff  # noqa: E402
 from robustagg.errors import ConfigError  # noqa: E402
@@ -40,8 +40,9 @@ def config(rule: str, attack: str, partition: str, seed: int, *, pre: Optional[s
         "preaggregation": {"_target_": pre, **({"s": 2, "f": F, "strict": True} if pre else {})},
         "attack": {"_target_": ATTACKS[attack]},
         "data": {"name": "digits", "partition": partition, "alpha": 0.1, "shards_per_worker": 2},
-        "model": {"name": "mlp", "hidden": [64]},
-        "trainer": {"mode": "simulated", "steps": 4, "lr": 0.1, "progress": False},
+        "model": {"_target_": "robustagg.models.MLP", "hidden": [64]},
+        "optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1},
+        "trainer": {"mode": "simulated", "steps": 4, "progress": False},
         "logger": {"name": "none", "group": "unit-sweep", "project": "robustagg"},
         "seed": seed, "strict": True, "out_dir": None,
     }
@@ -239,7 +240,7 @@ def test_kappa_table_and_bounds(sweep: Path) -> None:
 def test_files_written_and_figures_are_pngs(report: rep.Report) -> None:
     names = {p.name for p in report.files}
     assert {"results.csv", "tradeoff.csv", "weights.csv", "report.md", "accuracy_heatmap.png", "tradeoff.png",
-            "weights_vs_skew.png", "kappa_iid.png"} <= names
+            "weights_vs_skew.png", "kappa_iid.png", "learning_acc_iid.png", "learning_loss_iid.png"} <= names
     mask = os.umask(0)
     os.umask(mask)
     for p in report.files:
@@ -252,6 +253,21 @@ def test_files_written_and_figures_are_pngs(report: rep.Report) -> None:
     assert {"run/acc_drop_vs_mean", "run/suppression", "run/integrity", "status", "reason"} <= set(csv.columns)
     assert len(csv) == len(report.results)
     assert "| krum | 82.0 ± 2.8 |" in report.markdown
+
+
+def test_learning_curves_by_hand(sweep: Path, report: rep.Report) -> None:
+    data = load_sweep(sweep)
+    r = report.results
+    run = r[(r["rule"] == "krum") & (r["attack"] == "alie") & (r["setting"] == "iid") & (r["seed"] == 1)]["run_id"].iloc[0]
+    mine = data.curves[data.curves["run_id"] == run]
+    assert mine["step"].tolist() == [2, 4] and mine["acc"].tolist() == pytest.approx([0.66, 0.76])  # acc - 0.1, acc
+    assert mine["loss"].tolist() == [0.5, 0.5]
+    bands = curve_bands(report.results, data.curves, "iid", "acc").set_index(["rule", "attack", "step"])
+    # krum under ALIE, seeds 0 and 1 end at 0.70 and 0.76: mean 0.73, band [0.70, 0.76]; at step 2, 0.1 lower
+    assert bands.loc[("krum", "alie", 4), ["mean", "low", "high", "seeds"]].tolist() == pytest.approx([0.73, 0.70, 0.76, 2])
+    assert bands.loc[("krum", "alie", 2), "mean"] == pytest.approx(0.63)
+    assert "bulyan" not in set(bands.index.get_level_values("rule"))  # skipped runs have no curve
+    assert "![learning_acc_iid.png](learning_acc_iid.png)" in report.markdown
 
 
 def test_describe_run_names_pipelines_and_no_attack() -> None:

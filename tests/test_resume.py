@@ -29,7 +29,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 STEPS, EVERY, N = 12, 4, 4
 COMMON = ["logger=none", "trainer.progress=false", f"threat.n={N}", "threat.f=1", "aggregator=centered_clipping",
           "aggregator.tau=0.5", "attack=mimic", "model.dropout=0.3", f"trainer.steps={STEPS}", "trainer.eval_every=4",
-          "trainer.worker_momentum=0.9", "trainer.momentum=0.5", "trainer.scheduler=cosine",
+          "trainer.worker_momentum=0.9", "optimizer.momentum=0.5", "scheduler=cosine",
           f"trainer.checkpoint.every={EVERY}", "trainer.param_check_every=3", "trainer.collective_timeout_s=30"]
 SEED = 20240607  # the test's own seeded choices of ranks and steps
 
@@ -203,7 +203,8 @@ def test_restore_never_executes_pickled_code_even_with_a_matching_manifest(tmp_p
     manifest["files"]["rank-0.pt"] = {"size": (ck / "rank-0.pt").stat().st_size, "sha256": sha256_file(ck / "rank-0.pt")}
     (ck / "manifest.json").write_text(json.dumps(manifest))
     assert CheckpointStore(tmp_path / "a" / "checkpoints").verify(ck) == []  # the hashes match ...
-    s = train(_cfg(*SIM, "trainer.steps=12"), out_dir=tmp_path / "a", quiet=True)
+    # (the cosine schedule's T_max follows trainer.steps, so a longer run is a changed experiment: allowed here)
+    s = train(_cfg(*SIM, "trainer.steps=12", "trainer.resume_changes=allow"), out_dir=tmp_path / "a", quiet=True)
     assert not (tmp_path / "PWNED_MARKER").exists()  # ... and still nothing was executed
     # ... and the run fell back to the previous verified checkpoint, with the reason in the lineage
     assert s["resumed_from"] == 4 and s["steps"] == 12

@@ -58,12 +58,13 @@ def test_fingerprint_leaves_out_the_keys_that_do_not_change_the_trajectory():
 @pytest.mark.parametrize("override, key, old, new", [
     ("threat.n=3", "threat.n", 4, 3),
     ("threat.n=5", "threat.n", 4, 5),
-    ("trainer.lr=0.5", "trainer.lr", 0.1, 0.5),
-    ("trainer.momentum=0.9", "trainer.momentum", 0.0, 0.9),
+    ("optimizer.lr=0.5", "optimizer.lr", 0.1, 0.5),
+    ("optimizer.momentum=0.9", "optimizer.momentum", 0.0, 0.9),
+    ("optimizer=adam", "optimizer._target_", "torch.optim.SGD", "torch.optim.Adam"),
     ("seed=1", "seed", 0, 1),
     ("data.partition=dirichlet", "data.partition", "iid", "dirichlet"),
     ("threat.f=0", "threat.f", 1, 0),
-    ("trainer.scheduler=cosine", "trainer.scheduler", "none", "cosine"),
+    ("scheduler=cosine", "scheduler._target_", None, "torch.optim.lr_scheduler.CosineAnnealingLR"),
     ("aggregator=coordinate_median", "aggregator._target_", "robustagg.CoordinateWiseTrimmedMean",
      "robustagg.CoordinateWiseMedian"),
     ("attack=ipm", "attack._target_", "attacks.SignFlip", "attacks.IPM"),
@@ -83,9 +84,9 @@ def test_resume_refuses_a_changed_experiment_before_anything_starts(run, overrid
 @pytest.mark.slow
 def test_one_message_lists_every_differing_key(run):
     with pytest.raises(ConfigError) as err:
-        train(_cfg("trainer.lr=0.5", "seed=3", "threat.n=5"), out_dir=run, quiet=True)
+        train(_cfg("optimizer.lr=0.5", "seed=3", "threat.n=5"), out_dir=run, quiet=True)
     lines = [x.strip() for x in str(err.value).splitlines() if "(checkpoint) ->" in x]
-    assert [x.split(":")[0] for x in lines] == ["seed", "threat.n", "trainer.lr"]
+    assert [x.split(":")[0] for x in lines] == ["optimizer.lr", "seed", "threat.n"]
 
 
 @pytest.mark.slow
@@ -98,12 +99,12 @@ def test_extending_steps_is_the_same_experiment(run):
 
 @pytest.mark.slow
 def test_allowed_change_continues_and_is_recorded_in_the_lineage(run):
-    s = train(_cfg("trainer.lr=0.5", "trainer.steps=6", "trainer.resume_changes=allow"), out_dir=run, quiet=True)
+    s = train(_cfg("optimizer.lr=0.5", "trainer.steps=6", "trainer.resume_changes=allow"), out_dir=run, quiet=True)
     assert s["resumed_from"] == 4 and s["steps"] == 6
     (changed,) = [r for r in s["lineage"] if r["event"] == "experiment_changed"]
-    assert changed["changes"] == {"trainer.lr": [0.1, 0.5]} and changed["step"] == 4
+    assert changed["changes"] == {"optimizer.lr": [0.1, 0.5]} and changed["step"] == 4
     (restore,) = [r for r in s["lineage"] if r["event"] == "restore"]
-    assert restore["experiment_changes"] == {"trainer.lr": [0.1, 0.5]}
+    assert restore["experiment_changes"] == {"optimizer.lr": [0.1, 0.5]}
 
 
 @pytest.mark.slow

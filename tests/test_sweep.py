@@ -31,7 +31,7 @@ RULE_FILES = sorted(p.stem for p in (CONF / "experiment" / "rule").glob("*.yaml"
 EXPECTED_RULE = {"mean": "mean", "coordinate_median": "coordinate_median", "trimmed_mean": "trimmed_mean",
                  "krum": "krum", "multi_krum": "multi_krum", "geometric_median": "geometric_median",
                  "centered_clipping": "centered_clipping", "centered_clipping_tau03": "centered_clipping",
-                 "nnm_trimmed_mean": "nnm>trimmed_mean", "bucketing_coordinate_median": "bucketing>coordinate_median",
+                 "nnm_trimmed_mean": "nnm>trimmed_mean", "nnm_krum": "nnm>krum", "bucketing_coordinate_median": "bucketing>coordinate_median",
                  "bucketing_krum": "bucketing>krum", "bulyan": "bulyan"}
 
 
@@ -49,7 +49,8 @@ def _sweep_params(experiment: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("experiment, runs", [("integrity_vs_suppression", 10 * 15 * 2 * 3),
                                               ("integrity_vs_suppression_quick", 5 * 3 * 2 * 1),
-                                              ("literature_bucketing", 7 * 2 * 5)])
+                                              ("literature_bucketing", 7 * 2 * 5),
+                                              ("allouah2023_mnist", 4 * 2 * 3 * 2), ("cifar10_resnet20", 2 * 2 * 2)])
 def test_sweep_sizes_and_names(experiment: str, runs: int) -> None:
     params = _sweep_params(experiment)
     assert math.prod(len(v) for v in params.values()) == runs

@@ -164,8 +164,8 @@ def test_simulated_equals_multiprocess_bit_for_bit(tmp_path):
     # evolve identically in both modes.
     common = ["threat.n=5", "threat.f=1", "aggregator=centered_clipping", "aggregator.tau=0.5", "attack=mimic",
               "model.dropout=0.3",
-              "trainer.steps=6", "trainer.eval_every=3", "trainer.worker_momentum=0.9", "trainer.momentum=0.5",
-              "trainer.scheduler=cosine", "data.partition=dirichlet", "data.alpha=0.5",
+              "trainer.steps=6", "trainer.eval_every=3", "trainer.worker_momentum=0.9", "optimizer.momentum=0.5",
+              "scheduler=cosine", "data.partition=dirichlet", "data.alpha=0.5",
               # gather: both modes then compute the metrics from the same matrix (sharded runs derive
               # them from all-reduced moments, equal to float64 rounding; their parameters are
               # compared bit for bit in tests/test_sharded.py)

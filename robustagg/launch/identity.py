@@ -26,12 +26,14 @@ __all__ = ["EXCLUDED", "fingerprint", "fingerprint_hash", "code_revision", "Resu
            "diff_fingerprints"]
 
 #: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
-#: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings.
+#: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings,
+#: and where the data files are read from (``data.root``, ``data.download``: the same files elsewhere).
 EXCLUDED: tuple[str, ...] = (
     "trainer.steps", "trainer.resume", "trainer.resume_changes", "trainer.max_restarts", "trainer.progress",
     "trainer.port", "trainer.master_addr", "trainer.checkpoint", "trainer.on_failure", "trainer.shrink_shards",
     "trainer.collective_timeout_s", "trainer.straggler_factor", "trainer.eval_every", "trainer.param_check_every",
     "trainer.metrics", "trainer.start_method", "trainer.rejoin", "out_dir", "run_name", "faults", "logger",
+    "data.root", "data.download",
 )
 
 

@@ -24,11 +24,13 @@ class BasicBlock(nn.Module):
     """``x -> conv3x3 -> norm -> ReLU -> conv3x3 -> norm (+ shortcut(x)) -> ReLU``.
 
     Args:
-        cin: channels in. cout: channels out. stride: of the first convolution (2 halves H and W).
+        cin: channels in.
+        cout: channels out.
+        stride: of the first convolution (2 halves H and W).
         shortcut: when the shape changes, ``"A"`` (He et al. option A: subsample by ``stride`` and
             zero-pad the new channels; no parameters) or ``"B"`` (1x1 convolution + norm).
         norm: see :func:`~robustagg.models.norm.make_norm`.
-        num_groups: see :func:`~robustagg.models.norm.make_norm`.
+        num_groups: likewise.
     """
 
     def __init__(self, cin: int, cout: int, stride: int, *, shortcut: str, norm: str, num_groups: int) -> None:

@@ -7,6 +7,7 @@ Byzantine behaviour and hands them in (the library never imports ``attacks`` or 
   all in one) and its explicit, serialisable state (for committed checkpoints).
 - :class:`ByzantineBehaviour`: which ranks are Byzantine and the injected attack callables.
 - :func:`fit`: the loop with metrics, evaluation, sinks and the run summary.
+- :class:`WarmupCosine` (:mod:`~robustagg.training.schedules`): linear warm-up then cosine decay.
 - :func:`evaluate`: accuracy, loss, per-class and worst-class accuracy.
 - :class:`Checkpointer` and :func:`restore` (:mod:`~robustagg.training.resume`): committed
   checkpoints and the coordinated restore.
@@ -39,6 +40,7 @@ from .io import atomic_write, save_model, write_json
 from .loop import JsonlSink, RunSummary, Sink, fit, step_record
 from .resume import Checkpointer, Restored, restore
 from .sampler import ShardSampler, mix_seed
+from .schedules import WarmupCosine, WarmupCosineFactor
 from .sources import BatchSource, IterableSource
 from .state import capture_rng, restore_rng, seed_everything
 from .trainer import Shard, StepOutput, Trainer
@@ -47,4 +49,5 @@ __all__ = ["AttackAdapter", "ByzantineBehaviour", "GradientAttack", "LabelPoison
            "atomic_write", "save_model", "write_json", "JsonlSink", "RunSummary", "Sink", "fit", "step_record",
            "ShardSampler", "mix_seed", "BatchSource", "IterableSource", "capture_rng", "restore_rng", "seed_everything",
            "Shard", "StepOutput", "Trainer", "Checkpointer", "Restored", "restore", "Fault", "FaultInjector",
-           "StragglerLog", "failure_kind", "read_evidence", "summarise_evidence", "write_evidence"]
+           "StragglerLog", "failure_kind", "read_evidence", "summarise_evidence", "write_evidence", "WarmupCosine",
+           "WarmupCosineFactor"]
