@@ -36,7 +36,8 @@ __all__ = ["Report", "RULE_ORDER", "ATTACK_ORDER", "BACKDOORS", "backdoor_table"
            "order", "slug"]
 
 RULE_ORDER = ("mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "geometric_median",
-              "centered_clipping", "nnm>trimmed_mean", "bucketing>coordinate_median", "bucketing>krum", "bulyan")
+              "centered_clipping", "nnm>trimmed_mean", "bucketing>coordinate_median", "bucketing>krum", "bulyan",
+              "caf", "smea", "monna", "cge", "dnc", "signguard", "clipped_clustering", "flame", "fltrust", "foolsgold")
 ATTACK_ORDER = ("none", "sign_flip", "alie", "ipm", "min_max", "label_flip", "mimic", "agr_tailored", "opt_alie",
                 "opt_ipm", "mpaf", "poisoned_fl", "backdoor", "backdoor_dba", "model_replacement")
 #: The targeted (backdoor) attacks: their runs carry ``final_asr`` (the attack success rate).

@@ -32,7 +32,9 @@ EXPECTED_RULE = {"mean": "mean", "coordinate_median": "coordinate_median", "trim
                  "krum": "krum", "multi_krum": "multi_krum", "geometric_median": "geometric_median",
                  "centered_clipping": "centered_clipping", "centered_clipping_tau03": "centered_clipping",
                  "nnm_trimmed_mean": "nnm>trimmed_mean", "nnm_krum": "nnm>krum", "bucketing_coordinate_median": "bucketing>coordinate_median",
-                 "bucketing_krum": "bucketing>krum", "bulyan": "bulyan"}
+                 "bucketing_krum": "bucketing>krum", "bulyan": "bulyan",
+                 **{r: r for r in ("caf", "smea", "monna", "cge", "dnc", "signguard", "clipped_clustering", "flame",
+                                   "fltrust", "foolsgold")}}
 
 
 def _compose(overrides: list[str], hydra_cfg: bool = False):
@@ -47,7 +49,7 @@ def _sweep_params(experiment: str) -> dict[str, list[str]]:
     return {str(k): str(v).split(",") for k, v in params.items()}
 
 
-@pytest.mark.parametrize("experiment, runs", [("integrity_vs_suppression", 10 * 15 * 2 * 3),
+@pytest.mark.parametrize("experiment, runs", [("integrity_vs_suppression", 20 * 15 * 2 * 3),
                                               ("integrity_vs_suppression_quick", 5 * 3 * 2 * 1),
                                               ("literature_bucketing", 7 * 2 * 5),
                                               ("allouah2023_mnist", 4 * 2 * 3 * 2), ("cifar10_resnet20", 2 * 2 * 2)])
@@ -63,7 +65,8 @@ def test_full_sweep_matches_the_issue() -> None:
     params = _sweep_params("integrity_vs_suppression")
     rules = {EXPECTED_RULE[r] for r in params["+experiment/rule"]}
     assert rules == {"mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "geometric_median",
-                     "centered_clipping", "nnm>trimmed_mean", "bucketing>coordinate_median", "bulyan"}
+                     "centered_clipping", "nnm>trimmed_mean", "bucketing>coordinate_median", "bulyan", "caf", "smea",
+                     "monna", "cge", "dnc", "signguard", "clipped_clustering", "flame", "fltrust", "foolsgold"}
     assert params["attack"] == ["none", "sign_flip", "alie", "ipm", "min_max", "label_flip", "mimic", "agr_tailored",
                                 "opt_alie", "opt_ipm", "mpaf", "poisoned_fl", "backdoor", "backdoor_dba",
                                 "model_replacement"]
