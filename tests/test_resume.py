@@ -208,7 +208,7 @@ def test_restore_never_executes_pickled_code_even_with_a_matching_manifest(tmp_p
     assert not (tmp_path / "PWNED_MARKER").exists()  # ... and still nothing was executed
     # ... and the run fell back to the previous verified checkpoint, with the reason in the lineage
     assert s["resumed_from"] == 4 and s["steps"] == 12
-    (rec,) = s["lineage"]
+    (rec,) = [r for r in s["lineage"] if r["event"] == "restore"]
     assert rec["restored_from"] == 4 and len(rec["skipped"]) == 1
     assert rec["skipped"][0].startswith("refusing to load step-00000008/rank-0.pt: UnpicklingError")
     assert (tmp_path / "a" / "checkpoints" / "step-00000008.rejected-1").is_dir()

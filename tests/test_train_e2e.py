@@ -43,7 +43,7 @@ def test_bad_configuration_exits_with_one_message(tmp_path):
 
 CLI_REFUSED = [
     ("+trainer.optimizer=adam", "error: unknown key trainer.optimizer: the schema of trainer (TrainerConf)"),
-    ("trainer.lr=inf", "error: trainer.lr must be a finite number > 0 (the SGD step size); got inf."),
+    ("optimizer.lr=inf", "error: optimizer.lr must be a finite number > 0 (the server step size); got inf."),
     ("seed=1e20", "error: seed must be an integer in [0, 2**63)"),
     ("trainer.threads=0", "error: trainer.threads must be an integer >= 1 (torch threads per process); got 0."),
     ("model.hidden=[0]", "error: model.hidden lists layer widths, each an integer >= 1; got [0]."),
