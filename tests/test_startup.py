@@ -83,3 +83,22 @@ def test_gram_warm_up_for_a_pipeline_with_nnm():
 
     assert needs_warm_up(ra.Pipeline(pre=[ra.get("bucketing", f=1)], rule=ra.get("trimmed_mean", f=1)), None) is False
     assert needs_warm_up(ra.Pipeline(pre=[ra.get("nnm", f=1)], rule=ra.get("trimmed_mean", f=1)), None) is True
+
+
+def test_digits_read_without_sklearn_are_sklearns_digits_bit_for_bit():
+    import numpy as np
+    from sklearn.datasets import load_digits as sk_load
+
+    from robustagg.data.sources import _bundled_digits, load_digits
+
+    assert _bundled_digits() is not None  # the fast path is the one taken here
+    x, y, classes, shape = load_digits()
+    ref_x, ref_y = sk_load(return_X_y=True)
+    assert x.dtype == np.float32 and y.dtype == np.int64 and (classes, shape) == (10, (1, 8, 8))
+    np.testing.assert_array_equal(x, (ref_x / 16.0).astype(np.float32))
+    np.testing.assert_array_equal(y, ref_y.astype(np.int64))
+
+
+def test_building_the_digits_data_imports_no_sklearn():
+    loaded = _loaded_after("from robustagg.data.sources import load_digits\nload_digits()", ["sklearn"])
+    assert loaded == {"sklearn": False}
