@@ -29,7 +29,7 @@ import torch
 from ..aggregators.base import Aggregator
 from ..errors import ConfigError, IntegrityError, NonFiniteInputError, ShapeError
 from ..integrity import IntegrityReport, checksum, inspect_rows
-from .comm import Communicator
+from .comm import Communicator, LocalComm
 from .header import Header, check_headers, dtype_code
 from .sharded import AUTO_MIN_D, supports_sharding
 
@@ -196,6 +196,12 @@ class Reduction(abc.ABC):
         buffers = self.comm.all_gather(frames)
         return unframe(buffers, dtype)
 
+    def _in_process(self) -> bool:
+        """True when the gathered frames are the very bytes their senders hashed: every worker in this
+        process (:class:`~robustagg.distributed.LocalComm` stacks the frames) and no :attr:`tamper`
+        hook, so hashing them again on receipt cannot find a difference (and is skipped)."""
+        return isinstance(self.comm, LocalComm) and self.tamper is None
+
     def share(self, rows: Mapping[int, torch.Tensor], *, step: int) -> torch.Tensor:
         """All-gather the hosted workers' honest submissions (what omniscient attackers see).
 
@@ -210,7 +216,7 @@ class Reduction(abc.ABC):
         """
         dtype = next(iter(rows.values())).dtype
         x, sums = self._gather_rows(rows, dtype, step)
-        bad = [i for i, r in enumerate(inspect_rows(x, sums)) if r.corrupted]
+        bad = [] if self._in_process() else [i for i, r in enumerate(inspect_rows(x, sums)) if r.corrupted]
         if bad:
             raise IntegrityError(f"step {step}: shared rows of rank(s) {bad} do not match their checksums.")
         return x
