@@ -91,3 +91,32 @@ def test_simulated_reduction_still_catches_a_tampered_frame():
     assert not red._in_process()
     with pytest.raises(IntegrityError, match=r"rank\(s\) \[1\]"):
         red.reduce(rows, step=1)
+
+
+def test_reduce_reuses_shares_frames_only_for_unchanged_rows():
+    from robustagg.distributed import reduction as red_mod
+
+    calls = []
+    real = red_mod.frame
+
+    def counting(t, out=None):
+        calls.append(t.clone())
+        return real(t, out)
+
+    red = make_reduction("gather", ra.CoordinateWiseTrimmedMean(f=1), LocalComm(4))
+    rows = {r: torch.full((3,), float(r)) for r in range(4)}
+    mp = __import__("pytest").MonkeyPatch()
+    mp.setattr(red_mod, "frame", counting)
+    try:
+        red.share(rows, step=0)
+        assert len(calls) == 4
+        rows[3] = torch.full((3,), 100.0)  # a Byzantine row replaced by a new tensor
+        rows[2].add_(1.0)  # and one changed in place: both framed again
+        out = red.reduce(rows, step=0)
+        assert len(calls) == 6 and torch.equal(calls[4], rows[2]) and torch.equal(calls[5], rows[3])
+        assert torch.equal(out.matrix, torch.stack([rows[r] for r in range(4)]))
+        assert red._frames == {}  # released by the reduce
+        red.reduce(rows, step=1)  # no share at this step: every row framed
+        assert len(calls) == 10
+    finally:
+        mp.undo()
