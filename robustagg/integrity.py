@@ -176,7 +176,8 @@ def inspect_rows(x: torch.Tensor, expected_checksums: Optional[Sequence[int]] = 
         one :class:`IntegrityReport` per row, in row order.
 
     Raises:
-        ShapeError: ``x`` is not 2-D, or ``expected_checksums`` does not have n entries.
+        ShapeError: ``x`` is not 2-D, or ``expected_checksums`` or ``received_checksums`` does not
+            have n entries.
 
     Example:
         >>> import torch

@@ -120,3 +120,13 @@ def test_reduce_reuses_shares_frames_only_for_unchanged_rows():
         assert len(calls) == 10
     finally:
         mp.undo()
+
+
+def test_received_checksums_of_the_wrong_length_are_refused():
+    import pytest
+
+    from robustagg.errors import ShapeError
+    from robustagg.integrity import inspect_rows
+
+    with pytest.raises(ShapeError, match="received_checksums must have one entry per row \\(2\\); got 1"):
+        inspect_rows(torch.zeros(2, 3), received_checksums=[0])
