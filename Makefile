@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench docs serve-docs typecheck
+.PHONY: install run test bench bench-train docs serve-docs typecheck
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,6 +25,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench $(ARGS)
+
+bench-train: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m experiments.bench_train $(ARGS)
 
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict

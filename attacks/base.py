@@ -130,6 +130,11 @@ class Attack(abc.ABC):
     #: True for attacks that read the current model parameters (``parameters=``), which every
     #: worker holds in data-parallel training (e.g. MPAF's drag toward a base model).
     needs_parameters: ClassVar[bool] = False
+    #: False for attacks whose own computation never builds a Gram matrix or pairwise distances
+    #: (statistics, constants, noise): the trainer then skips the Gram kernel's warm-up when the
+    #: rule needs none either (see :func:`robustagg.functional.gram.needs_warm_up`). True (the
+    #: safe default) warms it up.
+    uses_gram: ClassVar[bool] = True
 
     def __init__(self) -> None:
         """Attacks without hyperparameters take no arguments (unknown ones are refused)."""

@@ -51,6 +51,8 @@ class LabelFlip(Attack):
         Byzantine robust optimization", ICML 2021, and Allouah et al., AISTATS 2023.
     """
 
+    uses_gram = False  # statistics only: no distances
+
     knowledge = Knowledge.OWN
     kind = Kind.DATA
     paper = "Karimireddy, He, Jaggi, ICML 2021"

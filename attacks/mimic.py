@@ -76,6 +76,8 @@ class Mimic(Attack):
         bucketing", ICLR 2022.
     """
 
+    uses_gram = False  # statistics only: no distances
+
     knowledge = Knowledge.HONEST
     paper = "Karimireddy, He, Jaggi, ICLR 2022"
     stateful = True

@@ -47,6 +47,8 @@ class SignFlip(Attack):
         (the sign-flipping attack as ``-x̄_H``).
     """
 
+    uses_gram = False  # statistics only: no distances
+
     knowledge = Knowledge.HONEST
     paper = "Allouah et al., AISTATS 2023"
 
@@ -87,6 +89,8 @@ class BitFlip(Attack):
         Xie, Koyejo, Gupta, "Generalized Byzantine-tolerant SGD", arXiv:1802.10116, 2018 (bit-flip
         attack); used as "BF" by Karimireddy, He, Jaggi, ICML 2021.
     """
+
+    uses_gram = False  # statistics only: no distances
 
     knowledge = Knowledge.OWN
     paper = "Xie, Koyejo, Gupta, arXiv 2018"
@@ -138,6 +142,8 @@ class IPM(Attack):
         manipulation", UAI 2019.
     """
 
+    uses_gram = False  # statistics only: no distances
+
     knowledge = Knowledge.HONEST
     paper = "Xie, Koyejo, Gupta, UAI 2019"
 
@@ -188,6 +194,8 @@ class Gaussian(Attack):
         their experiments); Xie, Koyejo, Gupta, arXiv 2018.
     """
 
+    uses_gram = False  # statistics only: no distances
+
     knowledge = Knowledge.NONE
     paper = "Blanchard et al., NeurIPS 2017"
 
@@ -226,6 +234,8 @@ class Zero(Attack):
         A standard baseline of the Byzantine-ML benchmarks (e.g. Allouah et al., AISTATS 2023).
     """
 
+    uses_gram = False  # statistics only: no distances
+
     knowledge = Knowledge.NONE
     paper = "baseline"
 
@@ -260,6 +270,8 @@ class Constant(Attack):
     References:
         A standard baseline of the Byzantine-ML benchmarks.
     """
+
+    uses_gram = False  # statistics only: no distances
 
     knowledge = Knowledge.NONE
     paper = "baseline"

@@ -139,14 +139,18 @@ def inspect(t: torch.Tensor, *, row: Optional[int] = None, expected_numel: Optio
         problems.append(f"{who}: expected {expected_numel} entries, got {t.numel()}")
     if expected_dtype is not None and t.dtype != expected_dtype:
         problems.append(f"{who}: expected dtype {expected_dtype}, got {t.dtype}")
-    nonfinite = 0
-    if t.is_floating_point() or t.is_complex():
-        nonfinite = int((~torch.isfinite(t)).sum().item())
-    elif not problems:
+    floating = t.is_floating_point() or t.is_complex()
+    return _report(t, problems, who, row, expected_checksum,
+                   int((~torch.isfinite(t)).sum().item()) if floating else 0, checksum(t))
+
+
+def _report(t: torch.Tensor, problems: list[str], who: str, row: Optional[int], expected_checksum: Optional[int],
+            nonfinite: int, got: int) -> IntegrityReport:
+    """The rest of :func:`inspect`, given the non-finite count and the checksum of the received bytes."""
+    if not (t.is_floating_point() or t.is_complex()) and not problems:
         problems.append(f"{who}: expected a floating dtype, got {t.dtype}")
     if nonfinite:
         problems.append(f"{who}: {nonfinite} non-finite value(s) (NaN or inf)")
-    got = checksum(t)
     if expected_checksum is not None and int(expected_checksum) != got:
         problems.append(f"{who}: checksum mismatch (declared {int(expected_checksum)}, received {got}): "
                         "the bytes changed in transit")
@@ -156,19 +160,24 @@ def inspect(t: torch.Tensor, *, row: Optional[int] = None, expected_numel: Optio
 
 
 def inspect_rows(x: torch.Tensor, expected_checksums: Optional[Sequence[int]] = None, *,
-                 expected_dtype: Optional[torch.dtype] = None) -> list[IntegrityReport]:
-    """Run :func:`inspect` on every row of stacked submissions ``x``.
+                 expected_dtype: Optional[torch.dtype] = None,
+                 received_checksums: Optional[Sequence[int]] = None) -> list[IntegrityReport]:
+    """Run :func:`inspect` on every row of stacked submissions ``x`` (the non-finite counts in one pass).
 
     Args:
         x: ``(n, d)`` stacked submissions (row i from rank i); never modified.
         expected_checksums: the n declared checksums, or ``None``.
         expected_dtype: the agreed dtype, or ``None``.
+        received_checksums: the n checksums of the rows' bytes when the caller knows them without
+            hashing again: an in-process transport that handed over the very bytes the sender
+            hashed (the simulated mode without a tamper hook); ``None`` (default) recomputes them.
 
     Returns:
         one :class:`IntegrityReport` per row, in row order.
 
     Raises:
-        ShapeError: ``x`` is not 2-D, or ``expected_checksums`` does not have n entries.
+        ShapeError: ``x`` is not 2-D, or ``expected_checksums`` or ``received_checksums`` does not
+            have n entries.
 
     Example:
         >>> import torch
@@ -181,6 +190,17 @@ def inspect_rows(x: torch.Tensor, expected_checksums: Optional[Sequence[int]] = 
     if expected_checksums is not None and len(expected_checksums) != x.shape[0]:
         raise ShapeError(f"expected_checksums must have one entry per row ({x.shape[0]}); "
                          f"got {len(expected_checksums)}.")
-    return [inspect(x[i], row=i, expected_numel=x.shape[1], expected_dtype=expected_dtype,
-                    expected_checksum=None if expected_checksums is None else int(expected_checksums[i]))
-            for i in range(x.shape[0])]
+    if received_checksums is not None and len(received_checksums) != x.shape[0]:
+        raise ShapeError(f"received_checksums must have one entry per row ({x.shape[0]}); "
+                         f"got {len(received_checksums)}.")
+    floating = x.is_floating_point() or x.is_complex()
+    counts = (~torch.isfinite(x)).sum(dim=1).tolist() if floating else [0] * x.shape[0]
+    out = []
+    for i in range(x.shape[0]):
+        t, who = x[i], f"row {i}"
+        problems = [] if expected_dtype is None or t.dtype == expected_dtype else [
+            f"{who}: expected dtype {expected_dtype}, got {t.dtype}"]
+        got = checksum(t) if received_checksums is None else int(received_checksums[i])
+        out.append(_report(t, problems, who, i, None if expected_checksums is None else int(expected_checksums[i]),
+                           int(counts[i]), got))
+    return out

@@ -69,7 +69,8 @@ class GatherReduction(Reduction):
         dtype = dtype_of(headers[0].dtype)
         matrix, sums = self._gather_rows(rows, dtype, step)
         seq = self.comm.seq
-        reports = inspect_rows(matrix, sums, expected_dtype=dtype)
+        known = sums if self._in_process() else None  # in-process, untampered: the bytes the senders hashed
+        reports = inspect_rows(matrix, sums, expected_dtype=dtype, received_checksums=known)
         corrupted = [r.row for r in reports if r.corrupted]
         if corrupted:
             raise IntegrityError(f"step {step}: submissions of rank(s) {corrupted} do not match their checksums "

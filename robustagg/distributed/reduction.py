@@ -30,7 +30,7 @@ import torch
 from ..aggregators.base import Aggregator
 from ..errors import ConfigError, IntegrityError, NonFiniteInputError, ShapeError
 from ..integrity import IntegrityReport, checksum, inspect_rows
-from .comm import Communicator
+from .comm import Communicator, LocalComm
 from .header import Header, check_headers, dtype_code
 from .sharded import AUTO_MIN_D, supports_sharding
 
@@ -157,6 +157,9 @@ class Reduction(abc.ABC):
         #: worker's wire frame *after* its checksum was taken (``None``: off). Modes that do not
         #: exchange frames through :meth:`_gather_rows` ignore it.
         self.tamper: Optional[Callable[[int, int, torch.Tensor], torch.Tensor]] = None
+        #: :meth:`share`'s frames, reused by the same step's reduce for the very same unmodified rows
+        #: (rank -> (step, tensor, its version counter, dtype, frame)); emptied by that reduce.
+        self._frames: dict[int, tuple[int, torch.Tensor, int, torch.dtype, torch.Tensor]] = {}
 
     def announce(self, rows: Mapping[int, torch.Tensor], *, step: int,
                  aux: Optional[Mapping[int, tuple[float, float]]] = None, stop: int = 0) -> list[Header]:
@@ -193,16 +196,37 @@ class Reduction(abc.ABC):
         return headers
 
     def _gather_rows(self, rows: Mapping[int, torch.Tensor], dtype: torch.dtype,
-                     step: int = -1) -> tuple[torch.Tensor, list[int]]:
+                     step: int = -1, keep: bool = False) -> tuple[torch.Tensor, list[int]]:
         """All-gather the hosted rows, framed with their checksums; ``(n, d)`` rows and declared checksums.
 
-        ``step`` is handed to :attr:`tamper` (fault injection) when one is set.
+        ``step`` is handed to :attr:`tamper` (fault injection) when one is set. ``keep``: remember the
+        frames for this step's reduce (:meth:`share`); without it the remembered ones are released.
         """
-        frames = {r: frame(t.to(dtype)) for r, t in rows.items()}
+        frames = {r: self._frame(r, t, dtype, step, keep) for r, t in rows.items()}
+        if not keep:
+            self._frames.clear()
         if self.tamper is not None:
             frames = {r: self.tamper(step, r, f) for r, f in frames.items()}
         buffers = self.comm.all_gather(frames)
         return unframe(buffers, dtype)
+
+    def _frame(self, r: int, t: torch.Tensor, dtype: torch.dtype, step: int, keep: bool) -> torch.Tensor:
+        """``frame(t.to(dtype))``; the frame :meth:`share` made of this very tensor at this step when it is
+        unchanged since (same object, same in-place version counter) and no tamper hook could have touched it."""
+        hit = self._frames.get(r)
+        if hit is not None and hit[0] == step and hit[1] is t and hit[2] == t._version and hit[3] == dtype:
+            return hit[4]
+        out = frame(t.to(dtype))
+        if keep and self.tamper is None:
+            self._frames[r] = (step, t, t._version, dtype, out)
+        return out
+
+    def _in_process(self) -> bool:
+        """True when the gathered frames are the very bytes their senders hashed: every worker in this
+        process (exactly :class:`~robustagg.distributed.LocalComm`, which stacks the frames; a subclass
+        may change them) and no :attr:`tamper` hook, so hashing them again on receipt cannot find a
+        difference (and is skipped)."""
+        return type(self.comm) is LocalComm and self.tamper is None
 
     def share(self, rows: Mapping[int, torch.Tensor], *, step: int) -> torch.Tensor:
         """All-gather the hosted workers' honest submissions (what omniscient attackers see).
@@ -217,8 +241,8 @@ class Reduction(abc.ABC):
             IntegrityError: a row does not match its framed checksum. CollectiveError: as above.
         """
         dtype = next(iter(rows.values())).dtype
-        x, sums = self._gather_rows(rows, dtype, step)
-        bad = [i for i, r in enumerate(inspect_rows(x, sums)) if r.corrupted]
+        x, sums = self._gather_rows(rows, dtype, step, keep=True)
+        bad = [] if self._in_process() else [i for i, r in enumerate(inspect_rows(x, sums)) if r.corrupted]
         if bad:
             raise IntegrityError(f"step {step}: shared rows of rank(s) {bad} do not match their checksums.")
         return x
@@ -245,7 +269,8 @@ class Reduction(abc.ABC):
                 :meth:`reduce` would raise at this step).
             IntegrityError: under ``DROP``, every listed row is non-finite.
         """
-        bad = [i for i in rows if not bool(torch.isfinite(x[i]).all())]
+        finite = torch.isfinite(x).all(dim=1).tolist() if rows else []  # one pass over the matrix
+        bad = [i for i in rows if not finite[i]]
         if not bad:
             return list(rows)
         if self.on_nonfinite is NonFinitePolicy.ABORT:

@@ -176,6 +176,7 @@ class ShardedReduction(GatherReduction):
         comm = self.comm
         if not isinstance(comm, ProcessGroupComm) or headers[0].numel < self.min_d:
             return super().reduce(rows, step=step, aux=aux, want_weights=want_weights, headers=headers)
+        self._frames.clear()  # share()'s frames, not needed by the sliced exchange
         group, world, rank = comm.group, comm.world_size, comm.rank
         dtype = dtype_of(headers[0].dtype)
         local = rows[rank].to(device=comm.device, dtype=dtype).reshape(-1).contiguous()

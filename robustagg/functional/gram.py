@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from .._tensor import check_finite
 
-__all__ = ["gram", "robust_gram", "gram_to_sq_dist", "warm_up", "RHO_MAX", "GRAM_CHUNK_BYTES"]
+__all__ = ["gram", "robust_gram", "gram_to_sq_dist", "warm_up", "needs_warm_up", "RHO_MAX", "GRAM_CHUNK_BYTES"]
 
 #: Largest accepted ratio (median squared row norm) / (median squared pairwise distance) for the
 #: uncentred first pass; above it the Gram is recomputed centred on a central row.
@@ -138,6 +138,37 @@ def warm_up() -> None:
         gram(x)
         gram(x[:, ::2])
         gram(x, x[0], x[:1])
+
+
+#: Pre-aggregation maps that compute no Gram matrix (a permutation and means; norms).
+GRAM_FREE_MAPS = frozenset({"bucketing", "clipping", "arc"})
+
+
+def needs_warm_up(rule: Any, byzantine: Any = None) -> bool:
+    """Whether a run of ``rule`` under ``byzantine`` can compute a Gram matrix (so :func:`warm_up` pays off).
+
+    False only when every stage is known to need none: the rule (or a Pipeline's final rule) is
+    coordinate-wise (its ``coordinatewise`` class attribute: mean, median, trimmed mean, MeaMed),
+    every pre-aggregation map is one of :data:`GRAM_FREE_MAPS`, and the attack, if any, declares
+    ``uses_gram = False`` (``attacks.Attack``; a rule-aware attack calls the rule, covered above).
+    A data attack (label or batch poison without a gradient function) computes nothing. Anything
+    unknown (a custom rule or attack without the attributes) counts as needing it: the safe side,
+    the warm-up only costs start-up time.
+
+    Args:
+        rule: an :class:`~robustagg.aggregators.base.Aggregator` or
+            :class:`~robustagg.preaggregation.Pipeline`.
+        byzantine: a :class:`~robustagg.training.ByzantineBehaviour` or ``None``.
+    """
+    stages = list(getattr(rule, "pre", [])) + [getattr(rule, "rule", rule)]
+    *maps, final = stages
+    if not getattr(type(final), "coordinatewise", False) or any(getattr(m, "name", "") not in GRAM_FREE_MAPS
+                                                               for m in maps):
+        return True
+    fn = getattr(byzantine, "gradient_fn", None)
+    if fn is None:
+        return False
+    return bool(getattr(getattr(fn, "attack", fn), "uses_gram", True))
 
 
 def gram_to_sq_dist(g: torch.Tensor) -> torch.Tensor:

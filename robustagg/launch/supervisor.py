@@ -39,7 +39,7 @@ from ..checkpoint import CheckpointStore, read_jsonl
 from ..distributed import (EnvRank, LocalComm, ProcessGroupComm, WorkerFailedError, destroy_group, free_port,
                            from_environment, init_group, raise_on_sigterm, spawn)
 from ..errors import ConfigError
-from ..functional.gram import warm_up
+from ..functional.gram import needs_warm_up, warm_up
 from ..training import read_evidence
 from .identity import check_resume
 from .job import Job, shrink_job
@@ -200,7 +200,9 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
     attempt = attempt or Attempt(resume=s.resume)
     explicit = s.resume if s.resume not in ("auto", "never") else ""
     out = Path(job.run_dir)
-    warm_up()  # compile once here (forked workers inherit it, spawned ones load Numba's cache)
+    # skipped only for a Gram-free rule without sharded metrics; a Gram-using attack: each worker warms up
+    if job.rule is None or needs_warm_up(job.rule) or (s.metrics and s.reduction != "gather"):
+        warm_up()  # compile once here (forked workers inherit it, spawned ones load Numba's cache)
     while True:
         port = int(s.port) or free_port(addr)
         try:

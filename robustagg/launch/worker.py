@@ -20,7 +20,7 @@ import torch
 from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl
 from ..distributed import Communicator, ShardedReduction, make_reduction
 from ..errors import AssumptionWarning, Interrupted
-from ..functional.gram import warm_up
+from ..functional.gram import needs_warm_up, warm_up
 from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
                         save_model, seed_everything, write_evidence, write_json)
 from ..training.faults import fired_faults
@@ -69,13 +69,16 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
     s = job.settings
     torch.set_num_threads(int(s.threads))
     seed_everything(int(s.seed))
-    warm_up()  # the Gram kernel's first-call cost must not land in a timed step or a collective
     ctx = WorkerContext(job=job, rank=comm.rank, local_ranks=tuple(comm.local_ranks), device=device, comm=comm)
     parts = job.build(ctx)
     rule = parts.rule
     reduction = make_reduction(str(s.reduction), rule, comm, on_nonfinite=str(s.on_nonfinite))
+    sharded_metrics = False
     if isinstance(reduction, ShardedReduction):
         reduction.metrics = bool(s.metrics)  # its moments and shares cost collectives on every rank
+        sharded_metrics = reduction.metrics and comm.num_processes > 1  # its metrics take a robust Gram
+    if sharded_metrics or needs_warm_up(rule, parts.byzantine):
+        warm_up()  # the Gram kernel's first-call cost must not land in a timed step or a collective
     ids = {r: job.identities[r] for r in comm.local_ranks}
     store = CheckpointStore(Path(job.ckpt_dir), keep=int(s.checkpoint_keep)) if _needs_store(job) else None
     injector = None

@@ -142,8 +142,8 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
     Keys: ``kind="train"``, ``step`` (steps completed), ``train/loss`` (mean loss of the honest
     workers' batches), ``train/lr``, ``time/step_s``, ``time/compute_max_s`` and
     ``time/compute_min_s`` (per-rank compute time before the exchange: a straggler shows here),
-    ``agg/dropped``, and from :func:`robustagg.metrics.step_metrics` ``agg/kappa_hat``,
-    ``agg/dev_norm``, ``agg/cosine``, ``agg/retained``, ``agg/byz_accepted`` and
+    ``agg/dropped``, and, when ``trainer.metrics`` is on, from :func:`robustagg.metrics.step_metrics`
+    ``agg/kappa_hat``, ``agg/dev_norm``, ``agg/cosine``, ``agg/retained``, ``agg/byz_accepted`` and
     ``agg/honest_weight/<rank>`` (rank of the worker, also when rows were dropped).
     """
     red = out.reduced
@@ -158,7 +158,7 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
         "time/compute_max_s": max(secs), "time/compute_min_s": min(secs),
         "agg/dropped": len(red.dropped),
     }
-    metrics = _step_metrics()
+    metrics = _step_metrics() if trainer.metrics else None  # trainer.metrics=false: no agg/* metrics
     mask = out.honest_mask()
     if metrics is not None and red.matrix is not None and bool(mask.any()):
         x = red.matrix if not red.dropped else red.matrix[red.kept]
@@ -168,7 +168,7 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
             rec[k] = v
         if not out.byzantine:
             rec.pop("agg/byz_accepted", None)
-    elif red.matrix is None and hasattr(red, "metrics_for") and bool(mask.any()):
+    elif trainer.metrics and red.matrix is None and hasattr(red, "metrics_for") and bool(mask.any()):
         # sharded mode: from all-reduced moments, no row shares; metrics_for takes the (n,) mask
         # over every worker (it picks the kept rows itself), not honest_mask()'s (len(kept),) one
         every = torch.tensor([r not in out.byzantine for r in range(len(red.headers))], dtype=torch.bool)

@@ -233,7 +233,6 @@ class Trainer:
         return self.samplers[r].next_batch()
 
     def _gradient(self, batch: Any) -> tuple[torch.Tensor, float]:
-        self.model.train()
         for p in self.params:
             p.grad = None
         if self.batch_loss is not None:
@@ -266,6 +265,7 @@ class Trainer:
         byz_ranks: tuple[int, ...] = tuple(byz.ranks) if (byz is not None and active) else ()
         subs: dict[int, torch.Tensor] = {}
         aux: dict[int, tuple[float, float]] = {}
+        self.model.train()  # once per step (it walks every module), not once per hosted worker
         for r in self.comm.local_ranks:
             tw = time.perf_counter()
             if inj is not None:

@@ -1,0 +1,365 @@
+"""Training-step benchmark: the library's trainer against a plain torch loop (the floor), and the start-up split.
+
+``python -m experiments.bench_train`` (config ``conf/bench_train/bench_train.yaml``), for every
+``n`` of the grid (the experiment's default otherwise: digits MLP, ``f = n // 5`` Byzantine):
+
+- **floor** (a): the same per-worker gradients written as a plain loop (a batch of each worker's
+  shard, forward, backward, the gradient flattened), their mean, one SGD step. No integrity, no
+  headers, no rule: the least a data-parallel step costs in this process.
+- **cases** (b)-(e): a :class:`~robustagg.training.Trainer` built from the experiment's own objects
+  (:func:`experiments.wiring.validate`, the job's ``build``) with a
+  :class:`~robustagg.distributed.LocalComm` hosting every worker and
+  :func:`~robustagg.distributed.make_reduction`, as ``trainer.mode=simulated`` builds it; each
+  timed step is ``trainer.step()`` plus :func:`~robustagg.training.step_record` (what
+  :func:`~robustagg.training.fit` does on the main process for every step). Start-up is not timed.
+- **processes** (f): ``python -m experiments.train trainer.mode=processes`` for a short run; the
+  per-step times are read from ``metrics.jsonl`` (``time/step_s``, rank 0's wall time of the
+  step), the first ``processes.skip`` steps left out; start-up is not in them.
+- **start-up**: a fresh interpreter runs a 1-step simulated run piece by piece and reports
+  ``import`` (``robustagg``, ``attacks``, ``experiments.train``), ``compose`` (Hydra),
+  ``data`` (:func:`~experiments.wiring.validate`: data set, partition, model check), ``build``
+  (the job's objects and the trainer), ``warm_up`` (the Gram kernel, when the launcher would run
+  it), ``first_step``; ``interpreter`` is the rest of the process's wall time (start and exit).
+  The real command line (``python -m experiments.train ... trainer.steps=1``) is timed end to end
+  too (wall and CPU seconds of the child).
+
+Timing: after ``warmup`` steps of every case, ``repeats`` rounds each run ``steps`` steps of every
+case in turn (interleaved, so a change of machine load hits all cases alike); ``median_ms`` is the
+median over every timed step, ``ratio_to_floor`` = ``median_ms`` / the floor's ``median_ms`` of the
+same ``n``, measured in the same run. Clock: ``wall`` (``perf_counter``) or ``cpu``
+(``process_time``, steadier on a shared machine; one thread). Tables are printed and written to
+``bench_train.csv`` and ``startup.csv`` in the Hydra run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import hydra
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+
+from .bench import _clock, machine, write_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+COLUMNS = ["case", "n", "f", "byzantine", "rule", "attack", "metrics", "mode", "d", "median_ms", "ratio_to_floor",
+           "step_ms", "record_ms", "floor_ms", "timed_steps", "clock", "threads", "note"]
+STARTUP_COLUMNS = ["what", "repeat", "interpreter_s", "import_s", "compose_s", "data_s", "build_s", "warm_up_s",
+                   "first_step_s", "total_s", "cpu_s", "note"]
+PIECES = ["interpreter_s", "import_s", "compose_s", "data_s", "build_s", "warm_up_s", "first_step_s"]
+
+
+def overrides(n: int, f: int, aggregator: str, attack: str, metrics: bool, mode: str = "simulated",
+              extra: tuple[str, ...] = ()) -> list[str]:
+    """Hydra overrides of ``experiments.train`` for one case (no logger, no evaluation, no progress bar)."""
+    return [f"threat.n={n}", f"threat.f={f}", f"threat.byzantine={f}", f"aggregator={aggregator}",
+            f"attack={attack}", f"trainer.metrics={str(bool(metrics)).lower()}", f"trainer.mode={mode}",
+            "logger=none", "trainer.eval_every=0", "trainer.progress=false", *extra]
+
+
+def compose(ovr: list[str]) -> DictConfig:
+    """The ``experiments.train`` configuration with ``ovr`` (Hydra's compose API, outside any app)."""
+    from hydra import compose as _compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from . import config as _config  # noqa: F401  (registers the schema)
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return _compose("config", overrides=ovr)
+
+
+def build_trainer(cfg: DictConfig, out_dir: str) -> Any:
+    """A simulated-mode :class:`~robustagg.training.Trainer` of ``cfg`` (as ``run_worker`` builds it)."""
+    from robustagg.distributed import LocalComm, make_reduction
+    from robustagg.launch import WorkerContext
+    from robustagg.training import Trainer
+
+    from .wiring import validate
+
+    plan = validate(cfg, out_dir=out_dir)
+    job = plan.job()
+    s = job.settings
+    comm = LocalComm(job.n)
+    parts = job.build(WorkerContext(job=job, rank=0, local_ranks=tuple(comm.local_ranks),
+                                    device=torch.device("cpu"), comm=comm))
+    red = make_reduction(str(s.reduction), parts.rule, comm, on_nonfinite=str(s.on_nonfinite))
+    return Trainer(parts.model, parts.optimizer, red, parts.shards, batch_size=int(s.batch_size),
+                   num_classes=int(parts.num_classes), seed=int(s.seed), byzantine=parts.byzantine,
+                   metrics=bool(s.metrics))
+
+
+class Floor:
+    """The plain loop (a): every worker's gradient on a batch of its shard, their mean, one SGD step.
+
+    Uses the trainer's model, optimizer and shards (so the same ``d``, batch size and data), with
+    batches drawn by ``torch.randint`` from a private generator.
+    """
+
+    def __init__(self, trainer: Any, batch_size: int) -> None:
+        self.model, self.opt = trainer.model, trainer.optimizer
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.shards = list(trainer.shards.values())
+        self.batch = [min(batch_size, len(s)) for s in self.shards]
+        self.gen = torch.Generator().manual_seed(0)
+
+    def step(self) -> None:
+        """One step of the floor."""
+        grads = []
+        self.model.train()
+        for s, b in zip(self.shards, self.batch):
+            idx = torch.randint(len(s), (b,), generator=self.gen)
+            for p in self.params:
+                p.grad = None
+            F.cross_entropy(self.model(s.x[idx]), s.y[idx]).backward()
+            grads.append(torch.cat([p.grad.reshape(-1) for p in self.params]))  # type: ignore[union-attr]
+        g = torch.stack(grads).mean(dim=0)
+        i = 0
+        for p in self.params:
+            p.grad = g[i:i + p.numel()].view_as(p)
+            i += p.numel()
+        self.opt.step()
+
+
+def _timed(fn: Callable[[], Any], clock: Callable[[], float]) -> float:
+    t0 = clock()
+    fn()
+    return (clock() - t0) * 1e3
+
+
+def bench_simulated(cfg: DictConfig, n: int, tmp: str) -> list[dict[str, Any]]:
+    """The floor and every case of ``cfg.cases`` at ``n`` workers (see the module docstring)."""
+    from robustagg.training import step_record
+
+    f = n // 5 if cfg.f is None else int(cfg.f)
+    clock = _clock(str(cfg.clock))
+    extra = tuple(str(o) for o in cfg.overrides)
+    trainers: dict[str, Any] = {}
+    specs: dict[str, dict[str, Any]] = {}
+    for name, spec in cfg.cases.items():
+        spec = dict(spec)
+        specs[str(name)] = spec
+        ovr = overrides(n, f, str(spec["aggregator"]), str(spec["attack"]), bool(spec["metrics"]), extra=extra)
+        trainers[str(name)] = build_trainer(compose(ovr), tmp)
+    base = compose(overrides(n, f, "mean", "none", False, extra=extra))
+    floor = Floor(build_trainer(base, tmp), int(base.trainer.batch_size))
+    d = sum(p.numel() for p in floor.params)
+    times: dict[str, list[float]] = {"floor": [], **{k: [] for k in trainers}}
+    parts: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in trainers}
+
+    def run_case(name: str, timed: bool) -> None:
+        if name == "floor":
+            ms = _timed(floor.step, clock)
+            if timed:
+                times[name].append(ms)
+            return
+        tr = trainers[name]
+        t0 = clock()
+        out = tr.step()
+        t1 = clock()
+        step_record(out, tr)
+        t2 = clock()
+        if timed:
+            times[name].append((t2 - t0) * 1e3)
+            parts[name][0].append((t1 - t0) * 1e3)
+            parts[name][1].append((t2 - t1) * 1e3)
+
+    for name in times:
+        for _ in range(int(cfg.warmup)):
+            run_case(name, False)
+    for _ in range(int(cfg.repeats)):
+        for name in times:
+            for _ in range(int(cfg.steps)):
+                run_case(name, True)
+    floor_ms = statistics.median(times["floor"])
+    common = {"n": n, "f": f, "byzantine": f, "mode": "simulated", "d": d, "floor_ms": floor_ms,
+              "clock": str(cfg.clock), "threads": torch.get_num_threads()}
+    rows: list[dict[str, Any]] = [{**common, "case": "floor", "rule": "mean (plain loop)", "attack": "none",
+                                   "metrics": False, "byzantine": 0, "median_ms": floor_ms, "ratio_to_floor": 1.0,
+                                   "timed_steps": len(times["floor"]), "note": "plain torch loop: gradients, mean, SGD"}]
+    for name, spec in specs.items():
+        med = statistics.median(times[name])
+        rows.append({**common, "case": name, "rule": str(spec["aggregator"]), "attack": str(spec["attack"]),
+                     "metrics": bool(spec["metrics"]), "byzantine": 0 if str(spec["attack"]) == "none" else f,
+                     "median_ms": med, "ratio_to_floor": med / floor_ms,
+                     "step_ms": statistics.median(parts[name][0]), "record_ms": statistics.median(parts[name][1]),
+                     "timed_steps": len(times[name]), "note": ""})
+    return rows
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _child(cmd: list[str], timeout: float) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """Run ``cmd`` from the repository root; ``(process, wall seconds, CPU seconds of the child)``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc, wall, cpu
+
+
+def bench_processes(cfg: DictConfig, n: int, out: Path) -> dict[str, Any]:
+    """Case (f): a short ``trainer.mode=processes`` run; the median of ``time/step_s`` after ``skip`` steps."""
+    p = cfg.processes
+    f = n // 5 if cfg.f is None else int(cfg.f)
+    run_dir = out / f"processes-n{n}"
+    ovr = overrides(n, f, str(p.aggregator), str(p.attack), bool(p.metrics), mode="processes",
+                    extra=(f"trainer.steps={int(p.steps)}", f"hydra.run.dir={run_dir}",
+                           *(str(o) for o in cfg.overrides)))
+    _child([sys.executable, "-m", "experiments.train", *ovr], timeout=float(p.timeout_s))
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    secs = [float(r["time/step_s"]) * 1e3 for r in recs if r.get("kind") == "train"][int(p.skip):]
+    return {"case": "processes", "n": n, "f": f, "byzantine": 0 if str(p.attack) == "none" else f,
+            "rule": str(p.aggregator), "attack": str(p.attack), "metrics": bool(p.metrics), "mode": "processes",
+            "median_ms": statistics.median(secs) if secs else math.nan, "timed_steps": len(secs), "clock": "wall",
+            "threads": 1, "note": f"rank 0's time/step_s from metrics.jsonl, first {int(p.skip)} steps left out"}
+
+
+#: Run in a fresh interpreter by :func:`startup_split`: a 1-step simulated run, piece by piece.
+_PROBE = r"""
+import json, sys, time
+t0 = time.perf_counter(); marks = {}
+def mark(key):
+    global t0
+    t = time.perf_counter(); marks[key] = t - t0; t0 = t
+import robustagg, attacks, experiments.train
+mark("import_s")
+from hydra import compose, initialize_config_dir
+with initialize_config_dir(config_dir=sys.argv[3], version_base="1.3"):
+    cfg = compose("config", overrides=json.loads(sys.argv[1]))
+mark("compose_s")
+import torch
+from experiments.wiring import validate
+torch.set_num_threads(1)
+plan = validate(cfg, out_dir=sys.argv[2]); job = plan.job()
+mark("data_s")
+from robustagg.distributed import LocalComm, make_reduction
+from robustagg.launch import WorkerContext
+from robustagg.training import Trainer, step_record
+s = job.settings; comm = LocalComm(job.n)
+parts = job.build(WorkerContext(job=job, rank=0, local_ranks=tuple(comm.local_ranks), device=torch.device("cpu"),
+                                comm=comm))
+red = make_reduction(str(s.reduction), parts.rule, comm, on_nonfinite=str(s.on_nonfinite))
+tr = Trainer(parts.model, parts.optimizer, red, parts.shards, batch_size=int(s.batch_size),
+             num_classes=int(parts.num_classes), seed=int(s.seed), byzantine=parts.byzantine, metrics=bool(s.metrics))
+mark("build_s")
+from robustagg.functional import gram
+needs = getattr(gram, "needs_warm_up", None)
+if needs is None or needs(parts.rule, parts.byzantine):
+    gram.warm_up()
+mark("warm_up_s")
+step_record(tr.step(), tr)
+mark("first_step_s")
+print("PROBE " + json.dumps(marks))
+"""
+
+
+def startup_split(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
+    """The start-up of a 1-step simulated run: the probe's split, and the real command line end to end."""
+    st = cfg.startup
+    ovr = overrides(10, 2, str(st.aggregator), str(st.attack), bool(st.metrics),
+                    extra=("trainer.steps=1", *(str(o) for o in cfg.overrides)))
+    rows = []
+    for i in range(int(st.repeats)):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, wall, cpu = _child([sys.executable, "-c", _PROBE, json.dumps(ovr), tmp, str(CONF)], timeout=float(st.timeout_s))
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE "))
+        marks = json.loads(line[len("PROBE "):])
+        rows.append({"what": "probe (pieces)", "repeat": i, **marks,
+                     "interpreter_s": wall - sum(marks.values()), "total_s": wall, "cpu_s": cpu, "note": ""})
+        run_dir = out / f"startup-cli-{i}"
+        _, wall, cpu = _child([sys.executable, "-m", "experiments.train", *ovr, f"hydra.run.dir={run_dir}"],
+                              timeout=float(st.timeout_s))
+        rows.append({"what": "python -m experiments.train (1 step)", "repeat": i, "total_s": wall, "cpu_s": cpu,
+                     "note": "end to end: start, compose, validate, launch, 1 step, final evaluation, run files"})
+    return rows
+
+
+def run_bench(cfg: DictConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run ``cfg``: ``(step table (COLUMNS), start-up table (STARTUP_COLUMNS))``."""
+    warnings.simplefilter("ignore")  # the mean's "f >= 1 declared" advisory and friends
+    if cfg.quick:
+        cfg = OmegaConf.merge(cfg, cfg.quick_settings)  # type: ignore[assignment]
+    torch.set_num_threads(int(cfg.threads))
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in cfg.ns:
+            rows.extend(bench_simulated(cfg, int(n), tmp))
+    floors = {r["n"]: r["median_ms"] for r in rows if r["case"] == "floor"}
+    for n in cfg.processes.ns:
+        row = bench_processes(cfg, int(n), out)
+        if int(n) in floors:
+            row.update(floor_ms=floors[int(n)], ratio_to_floor=row["median_ms"] / floors[int(n)])
+        rows.append(row)
+    startup = startup_split(cfg, out) if cfg.startup.enabled else []
+    return (pd.DataFrame(rows).reindex(columns=COLUMNS), pd.DataFrame(startup).reindex(columns=STARTUP_COLUMNS))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.2f}"
+    return str(v)
+
+
+def _print(table: pd.DataFrame, startup: pd.DataFrame) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=200)
+    out = Table(title=f"robustagg training step ({machine()})",
+                caption="ratio_to_floor: median step time / the plain loop's (same n, same run); "
+                        "step_ms + record_ms: trainer.step() and step_record()")
+    shown = ["case", "n", "rule", "attack", "metrics", "mode", "median_ms", "ratio_to_floor", "step_ms", "record_ms",
+             "timed_steps", "note"]
+    for col in shown:
+        out.add_column(col, justify="left" if col in ("case", "rule", "attack", "mode", "note") else "right")
+    for rec in table.to_dict("records"):
+        out.add_row(*[_fmt(rec[c]) for c in shown])
+    console.print(out)
+    if len(startup):
+        st = Table(title="start-up of a 1-step simulated run (seconds)")
+        for col in ["what", "repeat", *PIECES, "total_s", "cpu_s"]:
+            st.add_column(col, justify="left" if col == "what" else "right")
+        for rec in startup.to_dict("records"):
+            st.add_row(*[_fmt(rec[c]) for c in ["what", "repeat", *PIECES, "total_s", "cpu_s"]])
+        console.print(st)
+
+
+@hydra.main(config_path="../conf/bench_train", config_name="bench_train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: run, print the tables, write ``cfg.csv`` and ``cfg.startup_csv`` in the run directory."""
+    out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[assignment]
+    table, startup = run_bench(cfg, out_dir)
+    _print(table, startup)
+    write_csv(table, out_dir / str(cfg.csv))
+    write_csv(startup, out_dir / str(cfg.startup_csv))
+    print(f"wrote {out_dir / str(cfg.csv)} and {out_dir / str(cfg.startup_csv)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Start-up work a run does not need stays out of it (issue 19): lazy imports, the Gram warm-up only where used.
+
+Each import check runs in a fresh interpreter (``sys.modules`` of the test process is shared by
+every test). No timing assertions: what is imported, and whether the warm-up runs, are facts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _loaded_after(code: str, modules: list[str]) -> dict[str, bool]:
+    probe = f"{code}\nimport sys\nprint(repr({{m: m in sys.modules for m in {modules!r}}}))"
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return eval(proc.stdout.strip().splitlines()[-1])  # a dict literal of bools
+
+
+def test_importing_the_packages_loads_no_scipy_stats_sklearn_numba_or_wandb():
+    loaded = _loaded_after("import robustagg, attacks, experiments.train",
+                           ["scipy.stats", "scipy.special", "sklearn", "numba", "wandb"])
+    assert loaded == {"scipy.stats": False, "scipy.special": False, "sklearn": False, "numba": False,
+                      "wandb": False}
+
+
+def test_alie_z_is_scipys_normal_quantile_bit_for_bit():
+    from scipy.stats import norm
+
+    import attacks
+
+    checked = 0
+    for n in range(2, 160):
+        for f in range(n):
+            s = math.floor(n / 2 + 1) - f
+            if s <= 0:
+                continue
+            assert attacks.alie_z(n, f) == float(norm.ppf((n - s) / n)), (n, f)
+            checked += 1
+    assert checked > 5000
+
+
+def test_alie_z_at_p_zero_is_minus_infinity_as_before():
+    # n = 2, f = 0: s = 2 = n, so Phi^-1(0) = -inf (what scipy.stats.norm.ppf returned)
+    import attacks
+
+    assert attacks.alie_z(2, 0) == -math.inf
+
+
+@pytest.mark.parametrize("aggregator, attack, expected", [
+    ("trimmed_mean", "alie", False),     # coordinate-wise rule, statistics-only attack
+    ("mean", "none", False),
+    ("coordinate_median", "sign_flip", False),
+    ("krum", "alie", True),              # distance-based rule
+    ("trimmed_mean", "fang_krum", True),  # the attack computes Krum scores
+    ("trimmed_mean", "min_max", True),   # the attack computes pairwise distances
+])
+def test_gram_warm_up_only_where_a_gram_matrix_can_be_computed(aggregator, attack, expected):
+    from robustagg.functional.gram import needs_warm_up
+
+    from experiments.bench_train import compose, overrides
+    from experiments.wiring import build_byzantine, build_rule, validate
+
+    cfg = compose(overrides(10, 2, aggregator, attack, True))
+    plan = validate(cfg, out_dir=".")
+    rule = build_rule(cfg)
+    byz = build_byzantine(plan.byzantine_ranks, cfg, rule, attack_kind=plan.attack_kind, attack_name=plan.attack_name)
+    assert needs_warm_up(rule, byz) is expected
+
+
+def test_gram_warm_up_for_a_pipeline_with_nnm():
+    import robustagg as ra
+    from robustagg.functional.gram import needs_warm_up
+
+    assert needs_warm_up(ra.Pipeline(pre=[ra.get("bucketing", f=1)], rule=ra.get("trimmed_mean", f=1)), None) is False
+    assert needs_warm_up(ra.Pipeline(pre=[ra.get("nnm", f=1)], rule=ra.get("trimmed_mean", f=1)), None) is True
+
+
+def test_digits_read_without_sklearn_are_sklearns_digits_bit_for_bit():
+    import numpy as np
+    from sklearn.datasets import load_digits as sk_load
+
+    from robustagg.data.sources import _bundled_digits, load_digits
+
+    assert _bundled_digits() is not None  # the fast path is the one taken here
+    x, y, classes, shape = load_digits()
+    ref_x, ref_y = sk_load(return_X_y=True)
+    assert x.dtype == np.float32 and y.dtype == np.int64 and (classes, shape) == (10, (1, 8, 8))
+    np.testing.assert_array_equal(x, (ref_x / 16.0).astype(np.float32))
+    np.testing.assert_array_equal(y, ref_y.astype(np.int64))
+
+
+def test_building_the_digits_data_imports_no_sklearn():
+    loaded = _loaded_after("from robustagg.data.sources import load_digits\nload_digits()", ["sklearn"])
+    assert loaded == {"sklearn": False}

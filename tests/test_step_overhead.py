@@ -1,0 +1,132 @@
+"""Per-step work a run does not ask for is not done (issue 19): metrics off computes no ``agg/*`` metrics.
+
+The speed itself is what ``experiments.bench_train`` reports; here only what is computed, and that
+the trainer's results do not change.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import robustagg as ra
+from robustagg.distributed import LocalComm, make_reduction
+from robustagg.training import Shard, Trainer, step_record
+
+
+def _trainer(metrics: bool, seed: int = 0) -> Trainer:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    red = make_reduction("gather", ra.CoordinateWiseTrimmedMean(f=1), LocalComm(4))
+    gen = torch.Generator().manual_seed(1)
+    shards = {r: Shard(torch.randn(8, 3, generator=gen), torch.randint(0, 2, (8,), generator=gen)) for r in range(4)}
+    return Trainer(model, opt, red, shards, batch_size=4, num_classes=2, metrics=metrics)
+
+
+def test_metrics_off_records_no_aggregation_metrics():
+    off, on = _trainer(False), _trainer(True)
+    rec_off, rec_on = step_record(off.step(), off), step_record(on.step(), on)
+    assert [k for k in rec_off if k.startswith("agg/")] == ["agg/dropped"]
+    assert {"agg/kappa_hat", "agg/dev_norm", "agg/cosine", "agg/retained", "agg/honest_weight/0"} <= set(rec_on)
+    for k in ("train/loss", "train/lr", "time/step_s", "time/compute_max_s", "time/compute_min_s"):
+        assert k in rec_off and k in rec_on
+
+
+def test_metrics_do_not_change_the_trajectory_and_dropout_stays_on_in_training():
+    off, on = _trainer(False), _trainer(True)
+    for _ in range(3):
+        a, b = off.step(), on.step()
+        assert torch.equal(a.reduced.aggregate, b.reduced.aggregate)
+    assert off.parameter_digest() == on.parameter_digest()
+    off.model.eval()  # an evaluation between steps: the next step trains with dropout again
+    before = off.parameter_digest()
+    fresh = _trainer(False)
+    for _ in range(3):
+        fresh.step()
+    assert fresh.parameter_digest() == before
+    off.step()
+    fresh.step()
+    assert off.parameter_digest() == fresh.parameter_digest() and off.model.training
+
+
+def test_inspect_rows_reports_what_inspect_reports_row_by_row():
+    from robustagg.integrity import checksum, inspect, inspect_rows
+
+    x = torch.tensor([[1.0, 2.0, 3.0], [float("nan"), 1.0, float("inf")], [0.0, -0.0, 5.0]])
+    declared = [checksum(x[0]), 7, checksum(x[2])]  # row 1's declared checksum is wrong
+    rows = inspect_rows(x, declared, expected_dtype=torch.float64)  # and every dtype is wrong
+    one = [inspect(x[i], row=i, expected_numel=3, expected_dtype=torch.float64, expected_checksum=declared[i])
+           for i in range(3)]
+    assert rows == one
+    assert [r.nonfinite for r in rows] == [0, 2, 0] and [r.corrupted for r in rows] == [False, True, False]
+
+
+def test_received_checksums_are_trusted_only_when_given():
+    from robustagg.integrity import checksum, inspect_rows
+
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    sums = [checksum(x[0]), checksum(x[1])]
+    assert [r.checksum for r in inspect_rows(x, sums, received_checksums=sums)] == sums
+    assert not any(r.corrupted for r in inspect_rows(x, sums, received_checksums=sums))
+    assert [r.corrupted for r in inspect_rows(x, [sums[0], 1])] == [False, True]
+
+
+def test_simulated_reduction_still_catches_a_tampered_frame():
+    import pytest
+
+    from robustagg.errors import IntegrityError
+
+    red = make_reduction("gather", ra.CoordinateWiseMedian(f=1), LocalComm(3))
+    rows = {r: torch.full((4,), float(r)) for r in range(3)}
+    assert red._in_process()
+    red.reduce(rows, step=0)
+
+    def flip(step: int, rank: int, frame: torch.Tensor) -> torch.Tensor:
+        if rank == 1:
+            frame = frame.clone()
+            frame[0] ^= 1
+        return frame
+
+    red.tamper = flip  # what fault injection's "corrupt" installs: the receiver hashes again
+    assert not red._in_process()
+    with pytest.raises(IntegrityError, match=r"rank\(s\) \[1\]"):
+        red.reduce(rows, step=1)
+
+
+def test_reduce_reuses_shares_frames_only_for_unchanged_rows():
+    from robustagg.distributed import reduction as red_mod
+
+    calls = []
+    real = red_mod.frame
+
+    def counting(t, out=None):
+        calls.append(t.clone())
+        return real(t, out)
+
+    red = make_reduction("gather", ra.CoordinateWiseTrimmedMean(f=1), LocalComm(4))
+    rows = {r: torch.full((3,), float(r)) for r in range(4)}
+    mp = __import__("pytest").MonkeyPatch()
+    mp.setattr(red_mod, "frame", counting)
+    try:
+        red.share(rows, step=0)
+        assert len(calls) == 4
+        rows[3] = torch.full((3,), 100.0)  # a Byzantine row replaced by a new tensor
+        rows[2].add_(1.0)  # and one changed in place: both framed again
+        out = red.reduce(rows, step=0)
+        assert len(calls) == 6 and torch.equal(calls[4], rows[2]) and torch.equal(calls[5], rows[3])
+        assert torch.equal(out.matrix, torch.stack([rows[r] for r in range(4)]))
+        assert red._frames == {}  # released by the reduce
+        red.reduce(rows, step=1)  # no share at this step: every row framed
+        assert len(calls) == 10
+    finally:
+        mp.undo()
+
+
+def test_received_checksums_of_the_wrong_length_are_refused():
+    import pytest
+
+    from robustagg.errors import ShapeError
+    from robustagg.integrity import inspect_rows
+
+    with pytest.raises(ShapeError, match="received_checksums must have one entry per row \\(2\\); got 1"):
+        inspect_rows(torch.zeros(2, 3), received_checksums=[0])
