@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from experiments.train import train
 from experiments.wiring import build_model_and_optimizer, validate
 from real_files import write_cifar10_files, write_mnist_files
+from state_equal import assert_state_equal
 from robustagg.checkpoint import load_state
 from robustagg.data import Augment
 from robustagg.errors import ConfigError, MissingDataError
@@ -39,21 +40,6 @@ def _end(run: Path):
     return load_file(str(run / "model.safetensors")), state["optimizer"], state["scheduler"]
 
 
-def _assert_equal(a, b, path="state"):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert set(a) == set(b), path
-        for k in a:
-            _assert_equal(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_equal(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
-
-
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory):
     base = tmp_path_factory.mktemp("data")
@@ -68,7 +54,7 @@ def _both_modes(tmp_path, *overrides):
         assert s["steps"] == STEPS and s["mode"] == mode
     a, b = _end(runs["simulated"]), _end(runs["processes"])
     for name, x, y in zip(("parameters", "optimizer", "scheduler"), a, b):
-        _assert_equal(x, y, name)
+        assert_state_equal(x, y, name)
     return s, a
 
 

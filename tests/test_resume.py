@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from experiments.train import train
+from state_equal import assert_state_equal
 from robustagg.checkpoint import CheckpointStore, load_state, sha256_file
 from robustagg.errors import CheckpointError, ConfigError
 
@@ -49,27 +50,12 @@ def _final(run: Path):
     return load_file(str(run / "model.safetensors")), load_state(ck / "replicated.pt")
 
 
-def _assert_equal(a, b, path="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert set(a) == set(b), path
-        for k in a:
-            _assert_equal(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_equal(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
-
-
 def _assert_same_run(run: Path, ref: Path):
     wa, sa = _final(run)
     wb, sb = _final(ref)
-    _assert_equal(wa, wb, "parameters")
+    assert_state_equal(wa, wb, "parameters")
     for key in ("model", "optimizer", "scheduler", "rule", "step", "last_digest"):
-        _assert_equal(sa[key], sb[key], key)
+        assert_state_equal(sa[key], sb[key], key)
     assert sa["optimizer"]["state"][0]["momentum_buffer"].abs().sum() > 0  # momentum really is in the state
 
 
@@ -177,7 +163,7 @@ def test_resume_from_an_explicit_checkpoint_folder(tmp_path):
     a = train(_cfg(*SIM), out_dir=tmp_path / "a", quiet=True)
     start = tmp_path / "a" / "checkpoints" / "step-00000004"
     b = train(_cfg(*SIM, f"trainer.resume={start}"), out_dir=tmp_path / "b", quiet=True)
-    _assert_equal(load_file(str(tmp_path / "b" / "model.safetensors")),
+    assert_state_equal(load_file(str(tmp_path / "b" / "model.safetensors")),
                   load_file(str(tmp_path / "a" / "model.safetensors")), "parameters")
     assert b["resumed_from"] == 4 and b["lineage"][0]["restored_from"] == 4 and b["steps"] == a["steps"] == STEPS
     fresh = train(_cfg(*SIM, "trainer.resume=never"), out_dir=tmp_path / "a", quiet=True)  # never on top of old files

@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from experiments.train import train
+from state_equal import assert_state_equal
 from robustagg.checkpoint import load_state
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -37,21 +38,6 @@ def _final(run: Path):
                                                                  "replicated.pt")
 
 
-def _assert_equal(a, b, path="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert set(a) == set(b), path
-        for k in a:
-            _assert_equal(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_equal(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
-
-
 @pytest.mark.slow
 def test_sigkill_mid_warmup_with_adam_resumes_bit_for_bit(tmp_path):
     ref = train(_cfg(), out_dir=tmp_path / "ref", quiet=True)
@@ -64,9 +50,9 @@ def test_sigkill_mid_warmup_with_adam_resumes_bit_for_bit(tmp_path):
     assert "SIGKILL" in rec["reason"]
     wa, sa = _final(tmp_path / "crash")
     wb, sb = _final(tmp_path / "ref")
-    _assert_equal(wa, wb, "parameters")
+    assert_state_equal(wa, wb, "parameters")
     for key in ("model", "optimizer", "scheduler", "rule", "step", "last_digest"):
-        _assert_equal(sa[key], sb[key], key)
+        assert_state_equal(sa[key], sb[key], key)
     for key in ("final_test_acc", "best_test_acc", "mean_kappa_hat", "byz_accepted_rate"):
         assert s[key] == ref[key], key
     adam = list(sa["optimizer"]["state"].values())
