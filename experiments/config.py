@@ -348,6 +348,14 @@ class TrainConfig:
     faults: Dict[str, Any] = field(default_factory=dict)  # each entry is checked against FaultConf
 
 
+def run_name_problem(name: str) -> str:
+    """Why ``name`` cannot be a ``run_name`` (a plain folder name under ``outputs/``), or ``""``."""
+    if "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+        return (f"run_name={name!r} must be a plain folder name (no '/' or '\\', not starting with '.'), e.g. "
+                f"run_name=alie-tm; for another folder use out_dir=PATH.")
+    return ""
+
+
 def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:
     """The run directory Hydra creates (``hydra.run.dir: ${ra_run_dir:${out_dir},${run_name}}``).
 
@@ -365,8 +373,9 @@ def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:
         return str(out_dir)
     if run_name not in (None, "", "None"):
         name = str(run_name)
-        if "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
-            raise ValueError(f"run_name={name!r} must be a plain folder name (no '/', not starting with '.').")
+        problem = run_name_problem(name)
+        if problem:
+            raise ValueError(problem)
         return os.path.join("outputs", name)
     rid = os.environ.get("TORCHELASTIC_RUN_ID", "")
     if os.environ.get("LOCAL_RANK") is not None and rid not in ("", "none"):

@@ -187,10 +187,15 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    from .config import check_group_choices
+    from .config import check_group_choices, run_name_problem
 
     try:
         check_group_choices(sys.argv[1:])  # faults=[crashh]: name the options before Hydra composes
+        for arg in sys.argv[1:]:  # Hydra resolves the run directory from run_name before any of our code
+            if arg.startswith("run_name=") and run_name_problem(arg.partition("=")[2]):
+                from robustagg.errors import ConfigError
+
+                raise ConfigError(run_name_problem(arg.partition("=")[2]))
     except RobustAggError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
