@@ -226,6 +226,11 @@ class TrainerConf:
             ``redistribute``-d round-robin over the survivors.
         straggler_factor: a rank whose compute time exceeds this many times the step's median
             (and 50 ms) is reported as a straggler.
+        processes: in ``processes`` mode, how many OS processes host the n workers (0: one per
+            worker; P: contiguous blocks of about n/P workers each, e.g. 100 clients on 4).
+        measure_bias: compute ``agg/bias_vs_sync`` every update (the protocol's synchronous
+            full-participation honest mean on the same parameters; extra computation, evaluated
+            where the main process hosts every worker, i.e. simulated mode).
     """
 
     mode: Mode = Mode.processes
@@ -260,6 +265,8 @@ class TrainerConf:
     on_failure: str = "restart"
     shrink_shards: str = "drop"
     straggler_factor: float = 10.0
+    processes: int = 0
+    measure_bias: bool = False
 
 
 @dataclass
@@ -338,6 +345,7 @@ class TrainConfig:
     model: Any = None  # a _target_ node (conf/model/): any nn.Module
     optimizer: Any = None  # a _target_ node with _partial_: true (conf/optimizer/): any torch.optim optimizer
     scheduler: Any = None  # likewise (conf/scheduler/); _target_: null = constant learning rate
+    protocol: Any = None  # a _target_ node (conf/protocol/): a robustagg.protocols.Protocol
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: LoggerConf = field(default_factory=LoggerConf)
     server: ServerConf = field(default_factory=ServerConf)

@@ -275,7 +275,7 @@ class Plan:
             checkpoint_keep=int(tr.checkpoint.keep), ckpt_dir=self.ckpt_dir, resume=str(tr.resume),
             resume_changes=str(tr.resume_changes), max_restarts=int(tr.max_restarts), on_failure=str(tr.on_failure),
             shrink_shards=str(tr.shrink_shards), straggler_factor=float(tr.straggler_factor),
-            logger=dict(self.cfg["logger"]))
+            processes=int(tr.processes), measure_bias=bool(tr.measure_bias), logger=dict(self.cfg["logger"]))
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}
@@ -327,7 +327,31 @@ class ExperimentBuild:
         root = self.data.root(k, int(cfg.seed)).to(device) if k > 0 else None
         return WorkerParts(model=model, optimizer=optimizer, rule=rule, shards=shards, scheduler=scheduler,
                            byzantine=byzantine, evaluate=eval_fn, num_classes=num_classes,
-                           callbacks=[instantiate(c) for c in cfg.trainer.callbacks], root=root)
+                           callbacks=[instantiate(c) for c in cfg.trainer.callbacks], root=root,
+                           protocol=build_protocol(cfg))
+
+
+def build_protocol(cfg: DictConfig) -> Any:
+    """The ``protocol`` node as a :class:`~robustagg.protocols.Protocol` (``None``: the default, dsgd).
+
+    Raises:
+        ConfigError: the node does not name a Protocol or its arguments are refused.
+    """
+    from hydra.utils import instantiate
+
+    from robustagg.protocols import Protocol
+
+    node = cfg.get("protocol")
+    if node is None or node.get("_target_") in (None, "robustagg.protocols.DSGD"):
+        return None
+    try:
+        proto = instantiate(node, _convert_="all")
+    except Exception as exc:  # Hydra wraps the constructor's error
+        cause = exc.__cause__ or exc
+        raise ConfigError(f"protocol {node.get('_target_')}: {cause}") from None
+    if not isinstance(proto, Protocol):
+        raise ConfigError(f"protocol._target_={node.get('_target_')} is not a robustagg.protocols.Protocol.")
+    return proto
 
 
 def _threat(cfg: DictConfig) -> tuple[int, int, int, tuple[int, ...], list[str]]:

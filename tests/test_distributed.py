@@ -98,8 +98,8 @@ def test_nonfinite_rows_abort_or_drop():
 class _CorruptingComm(LocalComm):
     """Flips one byte of rank 1's frame in transit (after the sender took its checksum)."""
 
-    def _all_gather(self, local):
-        out = super()._all_gather(local)
+    def _all_gather(self, local, members, like):
+        out = super()._all_gather(local, members, like)
         if out.dtype == torch.uint8:
             out = out.clone()
             out[1, 0] ^= 0x01
@@ -109,8 +109,8 @@ class _CorruptingComm(LocalComm):
 class _DivergedComm(LocalComm):
     """Rank 2 announces another digest for the previous aggregate."""
 
-    def _all_gather(self, local):
-        out = super()._all_gather(local)
+    def _all_gather(self, local, members, like):
+        out = super()._all_gather(local, members, like)
         if out.dtype == torch.int64 and out.shape[-1] == HEADER_LEN:
             out = out.clone()
             out[2, 7] = 12345

@@ -19,14 +19,14 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..errors import DesyncError, RobustAggError, ShapeError
 
-__all__ = ["CollectiveError", "CollectiveRecord", "Communicator", "ProcessGroupComm", "LocalComm"]
+__all__ = ["CollectiveError", "CollectiveRecord", "Communicator", "ProcessGroupComm", "LocalComm", "block_hosts"]
 
 
 class CollectiveError(RobustAggError, RuntimeError):
@@ -129,28 +129,47 @@ class Communicator(abc.ABC):
         """True in the process that logs and writes run files (rank 0)."""
         return self.rank == 0
 
-    def all_gather(self, local: Mapping[int, torch.Tensor]) -> torch.Tensor:
+    def all_gather(self, local: Mapping[int, torch.Tensor], *, members: Optional[Sequence[int]] = None,
+                   like: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Stack one tensor per worker, in rank order, on every process.
 
         Args:
-            local: ``{rank: tensor}`` for exactly the workers this process hosts; every tensor has
-                the same shape and dtype on every rank.
+            local: ``{rank: tensor}`` for exactly the workers this process hosts (among ``members``);
+                every tensor has the same shape and dtype on every rank.
+            members: the worker ranks that contribute to this collective, ascending (default: every
+                worker). A protocol with partial participation gathers only the round's
+                participants; every process still takes part (one that hosts none of them passes
+                ``local={}`` and ``like``).
+            like: a tensor of the shape and dtype every contribution has; needed when ``local`` is
+                empty (this process hosts no member), ignored otherwise.
 
-        Shape: each tensor ``s``; returns ``(world_size, *s)`` on :attr:`device`.
+        Shape: each tensor ``s``; returns ``(len(members), *s)`` on :attr:`device`.
 
         Raises:
-            ShapeError: ``local`` does not hold exactly :attr:`local_ranks`, or shapes differ.
+            ShapeError: ``local`` does not hold exactly the hosted members, shapes differ, members
+                are not ascending distinct worker ranks, or ``local`` is empty without ``like``.
             CollectiveError: the collective failed or timed out.
         """
-        if sorted(local) != list(self.local_ranks):
-            raise ShapeError(f"all_gather needs one tensor for each hosted worker {list(self.local_ranks)}; "
-                             f"got {sorted(local)}.")
-        first = local[self.local_ranks[0]]
-        if any(t.shape != first.shape or t.dtype != first.dtype for t in local.values()):
-            raise ShapeError("all_gather: every hosted worker must pass the same shape and dtype.")
+        mem = tuple(range(self.world_size)) if members is None else tuple(int(m) for m in members)
+        if members is not None and (list(mem) != sorted(set(mem)) or not mem or mem[0] < 0
+                                    or mem[-1] >= self.world_size):
+            raise ShapeError(f"members must be ascending distinct worker ranks in [0, {self.world_size}); "
+                             f"got {list(mem)}.")
+        hosted = [r for r in self.local_ranks if r in set(mem)] if members is not None else list(self.local_ranks)
+        if sorted(local) != hosted:
+            raise ShapeError(f"all_gather needs one tensor for each hosted worker {hosted}; got {sorted(local)}.")
+        if local:
+            first = local[hosted[0]]
+            if any(t.shape != first.shape or t.dtype != first.dtype for t in local.values()):
+                raise ShapeError("all_gather: every hosted worker must pass the same shape and dtype.")
+        elif like is None:
+            raise ShapeError("all_gather: this process hosts none of the members; pass like= (a tensor of the "
+                             "contributions' shape and dtype).")
+        else:
+            first = like
         self.seq += 1
         rec = self.begin_record("all_gather", tuple(first.shape), str(first.dtype))
-        out = self._all_gather(local)
+        out = self._all_gather(local, mem, first)
         self.end_record(rec)
         return out
 
@@ -183,8 +202,9 @@ class Communicator(abc.ABC):
         return [value]
 
     @abc.abstractmethod
-    def _all_gather(self, local: Mapping[int, torch.Tensor]) -> torch.Tensor:
-        """The transport-specific gather (validated input)."""
+    def _all_gather(self, local: Mapping[int, torch.Tensor], members: tuple[int, ...],
+                    like: torch.Tensor) -> torch.Tensor:
+        """The transport-specific gather (validated input; ``like`` has every contribution's shape and dtype)."""
 
     def agree(self, value: int, *, what: str, step: int) -> None:
         """Check that every hosted worker on every rank holds the same ``value`` (e.g. a digest).
@@ -211,45 +231,76 @@ class Communicator(abc.ABC):
 
 
 class ProcessGroupComm(Communicator):
-    """A communicator over a ``torch.distributed`` process group: this process hosts one worker.
+    """A communicator over a ``torch.distributed`` process group: this process hosts one or more workers.
 
     Args:
         group: the process group (``None``: the default group, which must be initialised).
         device: device of the exchanged tensors (CUDA for NCCL, CPU for gloo).
         timeout_s: the group's collective timeout (recorded as each collective's deadline).
         group_id: a name for the group in failure evidence.
+        hosts: ``hosts[w]`` is the process rank that hosts worker ``w`` (default: one worker per
+            process, worker ``w`` on process ``w``). Every process must host at least one worker.
+            See :func:`block_hosts` for the contiguous blocks the launcher uses.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised.
+        ShapeError: ``hosts`` names a process outside the group or leaves a process without a worker.
     """
 
     def __init__(self, group: Optional[Any] = None, device: torch.device | str = "cpu", *,
-                 timeout_s: Optional[float] = None, group_id: str = "") -> None:
+                 timeout_s: Optional[float] = None, group_id: str = "", hosts: Optional[Sequence[int]] = None) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("ProcessGroupComm needs an initialised process group "
                                "(robustagg.distributed.launch.init_group or torch.distributed.init_process_group).")
         self.group = group
-        self.world_size = dist.get_world_size(group)
+        self.processes = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.local_ranks = (self.rank,)
+        self.hosts = tuple(range(self.processes)) if hosts is None else tuple(int(h) for h in hosts)
+        if sorted(set(self.hosts)) != list(range(self.processes)):
+            raise ShapeError(f"hosts must place the workers on every one of the {self.processes} processes "
+                             f"(ranks 0..{self.processes - 1}) and on no other; got {list(self.hosts)}.")
+        self.world_size = len(self.hosts)
+        self.local_ranks = tuple(w for w, h in enumerate(self.hosts) if h == self.rank)
         self.device = torch.device(device)
         self.timeout_s = timeout_s
         self.group_id = group_id
 
-    def _all_gather(self, local: Mapping[int, torch.Tensor]) -> torch.Tensor:
-        t = local[self.rank].to(self.device).contiguous()
-        out = [torch.empty_like(t) for _ in range(self.world_size)]
+    @property
+    def num_processes(self) -> int:
+        """Number of processes in the group."""
+        return self.processes
+
+    def _all_gather(self, local: Mapping[int, torch.Tensor], members: tuple[int, ...],
+                    like: torch.Tensor) -> torch.Tensor:
+        # every process contributes the same number of slots (the most members one process hosts),
+        # padded; the placement is known everywhere, so each process unpads the same way
+        per: list[list[int]] = [[] for _ in range(self.processes)]
+        for w in members:
+            per[self.hosts[w]].append(w)
+        slots = max(len(p) for p in per)
+        mine = per[self.rank]
+        direct = self.hosts == members  # one worker per process, every one a member: no padding
+        if direct:
+            t = local[mine[0]].to(self.device).contiguous()
+        else:
+            t = torch.zeros((slots, *like.shape), dtype=like.dtype, device=self.device)
+            for i, w in enumerate(mine):
+                t[i].copy_(local[w])
+        out = [torch.empty_like(t) for _ in range(self.processes)]
         try:
             dist.all_gather(out, t, group=self.group)
         except Exception as exc:  # backend errors differ by backend and version
             raise CollectiveError(f"all_gather #{self.seq} (shape {tuple(t.shape)}, {t.dtype}) failed on rank "
                                   f"{self.rank}: {exc}") from exc
-        return torch.stack(out)
+        if direct:
+            return torch.stack(out)
+        where = {w: (self.hosts[w], per[self.hosts[w]].index(w)) for w in members}
+        return torch.stack([out[where[w][0]][where[w][1]] for w in members])
 
     def _vote(self, value: int) -> list[int]:
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        out = [torch.empty_like(t) for _ in range(self.processes)]
         try:
             dist.all_gather(out, t, group=self.group)
         except Exception as exc:
@@ -293,5 +344,29 @@ class LocalComm(Communicator):
         """1: every worker lives in this process."""
         return 1
 
-    def _all_gather(self, local: Mapping[int, torch.Tensor]) -> torch.Tensor:
-        return torch.stack([local[r].to(self.device) for r in range(self.world_size)])
+    def _all_gather(self, local: Mapping[int, torch.Tensor], members: tuple[int, ...],
+                    like: torch.Tensor) -> torch.Tensor:
+        return torch.stack([local[r].to(self.device) for r in members])
+
+
+def block_hosts(n: int, processes: int) -> tuple[int, ...]:
+    """Place ``n`` workers on ``processes`` processes in contiguous, balanced blocks.
+
+    Worker ``w`` goes to process ``p`` where the first ``n mod P`` processes host ``ceil(n/P)``
+    workers and the rest ``floor(n/P)``.
+
+    Raises:
+        ShapeError: ``processes`` is not in ``[1, n]``.
+
+    Example:
+        >>> block_hosts(5, 2)
+        (0, 0, 0, 1, 1)
+    """
+    if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= n:
+        raise ShapeError(f"processes must be an integer in [1, n={n}] (every process hosts at least one worker); "
+                         f"got {processes!r}.")
+    base, extra = divmod(n, processes)
+    out: list[int] = []
+    for p in range(processes):
+        out.extend([p] * (base + (1 if p < extra else 0)))
+    return tuple(out)

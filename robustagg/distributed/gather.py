@@ -17,14 +17,14 @@ Cost: ``O(n d)`` traffic and rule work on every rank (``mode="sharded"`` divides
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import torch
 
 from ..errors import IntegrityError, NonFiniteInputError
 from ..integrity import checksum, inspect_rows
 from .header import Header, dtype_of
-from .reduction import NonFinitePolicy, Reduced, Reduction, register_reduction
+from .reduction import NonFinitePolicy, Reduced, Reduction, Transform, register_reduction
 
 __all__ = ["GatherReduction"]
 
@@ -62,32 +62,41 @@ class GatherReduction(Reduction):
 
     def reduce(self, rows: Mapping[int, torch.Tensor], *, step: int,
                aux: Optional[Mapping[int, tuple[float, float]]] = None, want_weights: bool = False,
-               headers: Optional[list[Header]] = None) -> Reduced:
+               headers: Optional[list[Header]] = None, members: Optional[Sequence[int]] = None,
+               transform: Optional[Transform] = None) -> Reduced:
         """See :meth:`Reduction.reduce`; ``headers`` from this step's :meth:`announce` (announced now if ``None``)."""
         if headers is None:
-            headers = self.announce(rows, step=step, aux=aux)
+            headers = self.announce(rows, step=step, aux=aux, members=members)
         dtype = dtype_of(headers[0].dtype)
-        matrix, sums = self._gather_rows(rows, dtype, step)
+        matrix, sums = self._gather_rows(rows, dtype, step, headers=headers)
+        ranks = [h.rank for h in headers]
         seq = self.comm.seq
         known = sums if self._in_process() else None  # in-process, untampered: the bytes the senders hashed
         reports = inspect_rows(matrix, sums, expected_dtype=dtype, received_checksums=known)
-        corrupted = [r.row for r in reports if r.corrupted]
+        corrupted = [ranks[int(r.row)] for r in reports if r.corrupted and r.row is not None]
         if corrupted:
             raise IntegrityError(f"step {step}: submissions of rank(s) {corrupted} do not match their checksums "
                                  "(corrupted in transit): " + "; ".join(p for r in reports for p in r.problems
                                                                         if "checksum" in p))
-        bad = [int(r.row) for r in reports if not r.finite and r.row is not None]
+        bad_rows = [int(r.row) for r in reports if not r.finite and r.row is not None]
+        bad = [ranks[i] for i in bad_rows]
         if bad and self.on_nonfinite is NonFinitePolicy.ABORT:
             raise NonFiniteInputError(f"step {step}: submissions of rank(s) {bad} hold NaN or inf. Set "
                                       "on_nonfinite='drop' to leave such rows out and count them as faults.")
         self.faults.extend((step, r) for r in bad)
-        kept = [i for i in range(matrix.shape[0]) if i not in bad]
-        if not kept:
+        kept_rows = [i for i in range(matrix.shape[0]) if i not in bad_rows]
+        if not kept_rows:
             raise IntegrityError(f"step {step}: every submission is non-finite; nothing to aggregate.")
-        x = matrix if not bad else matrix[kept]
+        kept = [ranks[i] for i in kept_rows]
+        x = matrix if not bad_rows else matrix[kept_rows]
+        inputs, rule_input = list(kept), None
+        if transform is not None:
+            x, inputs = transform(x, kept, [sums[i] for i in kept_rows])
+            rule_input = x
         weights = self.rule.weights(x) if want_weights else None  # before the call: stateful rules
         aggregate = self.rule(x)
         digest = checksum(aggregate)
         self.last_digest = digest
         return Reduced(aggregate=aggregate, step=step, seq=seq, headers=headers, matrix=matrix, kept=kept,
-                       dropped=bad, reports=reports, digest=digest, weights=weights)
+                       dropped=bad, reports=reports, digest=digest, weights=weights, members=ranks,
+                       inputs=list(inputs), rule_input=rule_input)

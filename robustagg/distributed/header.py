@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -116,12 +116,14 @@ class Header:
                    loss=_i2f(v[8]), seconds=_i2f(v[9]), sent_at=_i2f(v[10]), stop=v[11])
 
 
-def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int) -> None:
+def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int,
+                  members: Optional[Sequence[int]] = None) -> None:
     """Raise :class:`DesyncError` unless every rank announces the same step, collective, tag, d, dtype
     and previous aggregate digest.
 
     Args:
         headers: one decoded header per rank, in rank order.
+        members: the worker rank each header must carry (default ``0..len(headers)-1``).
         step: the step this rank itself is about to take.
         seq: the collective number this rank itself is about to run.
         tag: the tag of the collective this rank itself is about to run.
@@ -140,9 +142,10 @@ def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int) -
     """
     problems: list[str] = []
     ref = headers[0]
+    want_ranks = list(range(len(headers))) if members is None else list(members)
     for i, h in enumerate(headers):
-        if h.rank != i:
-            problems.append(f"row {i} carries rank {h.rank}")
+        if h.rank != want_ranks[i]:
+            problems.append(f"row {i} carries rank {h.rank} (expected {want_ranks[i]})")
         for name, want in (("step", step), ("seq", seq), ("tag", tag), ("numel", ref.numel), ("dtype", ref.dtype)):
             got = getattr(h, name)
             if got != want:

@@ -23,7 +23,7 @@ import abc
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Mapping, Optional, TypeVar
+from typing import Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
 import torch
 
@@ -31,11 +31,11 @@ from ..aggregators.base import Aggregator
 from ..errors import ConfigError, IntegrityError, NonFiniteInputError, ShapeError
 from ..integrity import IntegrityReport, checksum, inspect_rows
 from .comm import Communicator, LocalComm
-from .header import Header, check_headers, dtype_code
+from .header import HEADER_LEN, Header, check_headers, dtype_code, dtype_of
 from .sharded import AUTO_MIN_D, supports_sharding
 
 __all__ = ["NonFinitePolicy", "Reduced", "Reduction", "register_reduction", "reduction_modes", "make_reduction",
-           "frame", "unframe", "TAG_REDUCTION"]
+           "frame", "unframe", "TAG_REDUCTION", "Transform"]
 
 TAG_REDUCTION = 0
 _CS_BYTES = 8
@@ -79,6 +79,10 @@ def unframe(buffers: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, li
     return rows, [int(s) for s in sums]
 
 
+#: ``transform(x (k, d), worker ranks, framed checksums) -> (rows for the rule (m, d), a label per row)``.
+Transform = Callable[[torch.Tensor, list[int], list[int]], tuple[torch.Tensor, list[int]]]
+
+
 class NonFinitePolicy(str, enum.Enum):
     """What the integrity layer does with a submission holding NaN or inf.
 
@@ -107,7 +111,16 @@ class Reduced:
         dropped: rows left out by the integrity layer (non-finite under ``DROP``).
         reports: the integrity report of every row (empty when the mode cannot inspect full rows).
         digest: :func:`~robustagg.integrity.checksum` of ``aggregate`` (agreed by every rank).
-        weights: ``(len(kept),)`` float64 share of each kept row (``rule.weights``), when requested.
+        weights: ``(len(inputs),)`` float64 share of each row the rule received (``rule.weights``),
+            when requested.
+        members: the worker rank of every row of ``matrix`` (and of ``headers``), ascending: every
+            worker, or the round's participants under a protocol with partial participation.
+        inputs: a label for every row the rule received: the kept worker ranks, or what the
+            reduction's ``transform`` returned (e.g. replica-group ids).
+        rule_input: ``(len(inputs), d)`` the rows the rule received when a ``transform`` changed
+            them, else ``None`` (they are ``matrix``'s kept rows).
+
+    ``kept`` and ``dropped`` are worker ranks; :meth:`rule_rows` gives the rows the rule received.
     """
 
     aggregate: torch.Tensor
@@ -120,6 +133,36 @@ class Reduced:
     reports: list[IntegrityReport] = field(default_factory=list)
     digest: int = 0
     weights: Optional[torch.Tensor] = None
+    members: list[int] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    rule_input: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            self.members = [h.rank for h in self.headers] if self.headers else list(self.kept) + list(self.dropped)
+        if not self.inputs and self.rule_input is None:
+            self.inputs = list(self.kept)
+
+    def row_of(self, rank: int) -> int:
+        """The row of ``matrix`` that holds worker ``rank``'s submission.
+
+        Raises:
+            KeyError: ``rank`` did not take part in this reduction.
+        """
+        try:
+            return self.members.index(int(rank))
+        except ValueError:
+            raise KeyError(f"worker {rank} is not a member of this reduction (members {self.members}).") from None
+
+    def rule_rows(self) -> Optional[torch.Tensor]:
+        """``(len(inputs), d)``: the rows the rule received (``None`` when no rank holds them)."""
+        if self.rule_input is not None:
+            return self.rule_input
+        if self.matrix is None:
+            return None
+        if self.members == self.kept:
+            return self.matrix
+        return self.matrix[[self.row_of(r) for r in self.kept]]
 
 
 class Reduction(abc.ABC):
@@ -160,9 +203,13 @@ class Reduction(abc.ABC):
         #: :meth:`share`'s frames, reused by the same step's reduce for the very same unmodified rows
         #: (rank -> (step, tensor, its version counter, dtype, frame)); emptied by that reduce.
         self._frames: dict[int, tuple[int, torch.Tensor, int, torch.dtype, torch.Tensor]] = {}
+        #: The headers of the last :meth:`announce` (who submits, length, dtype): the same step's
+        #: :meth:`share` gathers those members' rows.
+        self._announced: list[Header] = []
 
     def announce(self, rows: Mapping[int, torch.Tensor], *, step: int,
-                 aux: Optional[Mapping[int, tuple[float, float]]] = None, stop: int = 0) -> list[Header]:
+                 aux: Optional[Mapping[int, tuple[float, float]]] = None, stop: int = 0,
+                 members: Optional[Sequence[int]] = None) -> list[Header]:
         """Exchange and check the headers of this step (call once per step, before any data).
 
         Every header also carries the sender's arrival time (``time.time()`` just before the
@@ -173,9 +220,14 @@ class Reduction(abc.ABC):
             step: this rank's step id. aux: ``{rank: (loss, seconds)}`` to carry along.
             stop: the signal number that asked this process to stop (0: none), see
                 :func:`robustagg.distributed.lifeline.stop_requested`.
+            members: the worker ranks that submit at this step, ascending (default: every worker);
+                ``rows`` holds the hosted ones. Every process takes part (one hosting no member
+                passes ``rows={}``). The same step's :meth:`share` and :meth:`reduce` gather the
+                members' rows only. A process hosting no member cannot announce a stop request
+                (it is carried by the members' headers).
 
         Returns:
-            every rank's decoded :class:`Header`, in rank order.
+            every member's decoded :class:`Header`, in rank order.
 
         Raises:
             DesyncError: step, collective number, tag, length, dtype or previous digest differ.
@@ -191,23 +243,33 @@ class Reduction(abc.ABC):
             enc[r] = Header(step=step, seq=seq, rank=r, tag=TAG_REDUCTION, numel=t.numel(), dtype=dtype_code(t.dtype),
                             prev_digest=prev, loss=loss, seconds=secs, sent_at=now,
                             stop=int(stop)).encode().to(comm.device)
-        headers = [Header.decode(h) for h in comm.all_gather(enc).cpu()]
-        check_headers(headers, step=step, seq=seq, tag=TAG_REDUCTION)
+        like = torch.zeros(HEADER_LEN, dtype=torch.int64, device=comm.device)
+        headers = [Header.decode(h) for h in comm.all_gather(enc, members=members, like=like).cpu()]
+        check_headers(headers, step=step, seq=seq, tag=TAG_REDUCTION,
+                      members=None if members is None else list(members))
+        self._announced = headers
         return headers
 
     def _gather_rows(self, rows: Mapping[int, torch.Tensor], dtype: torch.dtype,
-                     step: int = -1, keep: bool = False) -> tuple[torch.Tensor, list[int]]:
-        """All-gather the hosted rows, framed with their checksums; ``(n, d)`` rows and declared checksums.
+                     step: int = -1, keep: bool = False,
+                     headers: Optional[Sequence[Header]] = None) -> tuple[torch.Tensor, list[int]]:
+        """All-gather the hosted rows, framed with their checksums; ``(m, d)`` rows and declared checksums.
 
         ``step`` is handed to :attr:`tamper` (fault injection) when one is set. ``keep``: remember the
         frames for this step's reduce (:meth:`share`); without it the remembered ones are released.
+        ``headers``: this step's (the members and the length; default: every worker).
         """
         frames = {r: self._frame(r, t, dtype, step, keep) for r, t in rows.items()}
         if not keep:
             self._frames.clear()
         if self.tamper is not None:
             frames = {r: self.tamper(step, r, f) for r, f in frames.items()}
-        buffers = self.comm.all_gather(frames)
+        members, like = None, None
+        if headers is not None and len(headers) != self.comm.world_size:
+            members = [h.rank for h in headers]
+            size = torch.empty((), dtype=dtype).element_size()
+            like = torch.zeros(headers[0].numel * size + _CS_BYTES, dtype=torch.uint8, device=self.comm.device)
+        buffers = self.comm.all_gather(frames, members=members, like=like)
         return unframe(buffers, dtype)
 
     def _frame(self, r: int, t: torch.Tensor, dtype: torch.dtype, step: int, keep: bool) -> torch.Tensor:
@@ -235,13 +297,15 @@ class Reduction(abc.ABC):
         on every rank or on none.
 
         Returns:
-            ``(n, d)`` every worker's honestly computed submission.
+            ``(m, d)`` every member's honestly computed submission (the members of this step's
+            :meth:`announce`, in rank order).
 
         Raises:
             IntegrityError: a row does not match its framed checksum. CollectiveError: as above.
         """
-        dtype = next(iter(rows.values())).dtype
-        x, sums = self._gather_rows(rows, dtype, step, keep=True)
+        headers = self._announced
+        dtype = dtype_of(headers[0].dtype) if headers else next(iter(rows.values())).dtype
+        x, sums = self._gather_rows(rows, dtype, step, keep=True, headers=headers or None)
         bad = [] if self._in_process() else [i for i, r in enumerate(inspect_rows(x, sums)) if r.corrupted]
         if bad:
             raise IntegrityError(f"step {step}: shared rows of rank(s) {bad} do not match their checksums.")
@@ -284,7 +348,8 @@ class Reduction(abc.ABC):
     @abc.abstractmethod
     def reduce(self, rows: Mapping[int, torch.Tensor], *, step: int,
                aux: Optional[Mapping[int, tuple[float, float]]] = None, want_weights: bool = False,
-               headers: Optional[list[Header]] = None) -> Reduced:
+               headers: Optional[list[Header]] = None, members: Optional[Sequence[int]] = None,
+               transform: Optional[Transform] = None) -> Reduced:
         """Aggregate one submission per worker; every rank returns the same aggregate.
 
         Call-order contract: every rank calls, once per step and with the same ``step``,
@@ -296,7 +361,12 @@ class Reduction(abc.ABC):
             step: the step id (checked against every other rank's).
             aux: ``{rank: (loss, seconds)}`` carried in the headers (informational).
             want_weights: also compute ``rule.weights`` of the kept rows (for metrics).
-            headers: this step's headers from :meth:`announce`.
+            headers: this step's headers from :meth:`announce` (they name the members).
+            members: the submitting worker ranks when ``headers`` is ``None`` (see :meth:`announce`).
+            transform: ``transform(x, ranks, checksums) -> (x', labels)``, applied to the kept rows
+                ``x`` (``(k, d)``, worker ``ranks``, their framed checksums) before the rule: a
+                protocol's server-side step (a replica vote, staleness weights). Modes that hold
+                no full rows refuse it.
 
         Raises:
             DesyncError: step, collective number, shape or dtype differ across ranks, or the

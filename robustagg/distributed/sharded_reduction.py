@@ -9,7 +9,7 @@ collective, per-step metric moments and persistent wire buffers.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,7 @@ from ..integrity import checksum, inspect_rows
 from .comm import CollectiveError, Communicator, ProcessGroupComm
 from .gather import GatherReduction
 from .header import Header, dtype_of
-from .reduction import NonFinitePolicy, Reduced, frame, register_reduction, unframe
+from .reduction import NonFinitePolicy, Reduced, Transform, frame, register_reduction, unframe
 from .sharded import (AUTO_MIN_D, SliceStatistics, aggregate_block, block_shares, shard_bounds, stateful_clipping_of,
                       supports_sharding)
 
@@ -169,13 +169,21 @@ class ShardedReduction(GatherReduction):
 
     def reduce(self, rows: Mapping[int, torch.Tensor], *, step: int,
                aux: Optional[Mapping[int, tuple[float, float]]] = None, want_weights: bool = False,
-               headers: Optional[list[Header]] = None) -> Reduced:
-        """See :meth:`Reduction.reduce <robustagg.distributed.Reduction.reduce>`; no ``matrix`` in a process group."""
+               headers: Optional[list[Header]] = None, members: Optional[Sequence[int]] = None,
+               transform: Optional[Transform] = None) -> Reduced:
+        """See :meth:`Reduction.reduce <robustagg.distributed.Reduction.reduce>`; no ``matrix`` in a process group.
+
+        Submissions are gathered (as ``mode="gather"``) when the group is simulated, when a process
+        hosts several workers, when only some workers submit (``members``), with a ``transform``,
+        or below :attr:`min_d` coordinates.
+        """
         if headers is None:
-            headers = self.announce(rows, step=step, aux=aux)
+            headers = self.announce(rows, step=step, aux=aux, members=members)
         comm = self.comm
-        if not isinstance(comm, ProcessGroupComm) or headers[0].numel < self.min_d:
-            return super().reduce(rows, step=step, aux=aux, want_weights=want_weights, headers=headers)
+        if (not isinstance(comm, ProcessGroupComm) or comm.num_processes != comm.world_size
+                or len(headers) != comm.world_size or transform is not None or headers[0].numel < self.min_d):
+            return super().reduce(rows, step=step, aux=aux, want_weights=want_weights, headers=headers,
+                                  transform=transform)
         self._frames.clear()  # share()'s frames, not needed by the sliced exchange
         group, world, rank = comm.group, comm.world_size, comm.rank
         dtype = dtype_of(headers[0].dtype)

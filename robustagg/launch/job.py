@@ -26,6 +26,7 @@ from ..errors import AssumptionError, AssumptionWarning, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..distributed.comm import Communicator
+    from ..protocols.base import Protocol
     from ..training.byzantine import ByzantineBehaviour
     from ..training.faults import Fault
     from ..training.trainer import Shard
@@ -61,6 +62,11 @@ class RunSettings:
         on_failure: ``restart`` (same n) or ``shrink`` (without the lost workers, if the rule allows).
         shrink_shards: the lost workers' data is ``drop``-ped or ``redistribute``-d.
         straggler_factor: flag a rank waited for more than this many step medians.
+        processes: OS processes hosting the n workers in ``processes`` mode (0: one per worker; P:
+            contiguous blocks, :func:`~robustagg.distributed.comm.block_hosts`). A process that
+            hosts several workers cannot be shrunk around one of them (``on_failure=shrink`` is
+            refused).
+        measure_bias: ``agg/bias_vs_sync`` every update (see :class:`~robustagg.training.Trainer`).
         logger: ``{"name": "wandb"|"none", "project", "entity", "mode", "group", "tags"}``.
     """
 
@@ -91,6 +97,8 @@ class RunSettings:
     on_failure: str = "restart"
     shrink_shards: str = "drop"
     straggler_factor: float = 10.0
+    processes: int = 0
+    measure_bias: bool = False
     logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
 
     def check(self) -> None:
@@ -106,7 +114,7 @@ class RunSettings:
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}.")
-        for key in ("steps", "eval_every", "param_check_every", "checkpoint_every", "max_restarts"):
+        for key in ("steps", "eval_every", "param_check_every", "checkpoint_every", "max_restarts", "processes"):
             if int(getattr(self, key)) < 0:
                 raise ConfigError(f"{key} must be >= 0; got {getattr(self, key)}.")
         for key in ("batch_size", "threads", "checkpoint_keep"):
@@ -140,6 +148,8 @@ class WorkerParts:
         callbacks: ``cb(trainer, step_output)`` after every step, on every rank.
         root: the server's clean root data set (the same in every process) for a rule that takes
             a trusted update (FLTrust), or ``None``.
+        protocol: the training :class:`~robustagg.protocols.Protocol` (``None``:
+            :class:`~robustagg.protocols.DSGD`).
     """
 
     model: torch.nn.Module
@@ -154,6 +164,7 @@ class WorkerParts:
     batch_loss: Optional[Callable[[torch.nn.Module, Any], torch.Tensor]] = None
     callbacks: Sequence[Callable[..., None]] = ()
     root: Optional["Shard"] = None
+    protocol: Optional["Protocol"] = None
 
 
 @dataclass
@@ -238,6 +249,25 @@ class Job:
             raise ConfigError(f"at least one worker must be honest; got {len(self.byzantine_ids)} Byzantine of "
                               f"n={self.n}.")
         self.n_initial = int(self.n_initial or self.n)
+
+    def processes(self) -> int:
+        """OS processes of the ``processes`` mode (``settings.processes``, or one per worker).
+
+        Raises:
+            ConfigError: more processes than workers.
+        """
+        p = int(self.settings.processes) or self.n
+        if p > self.n:
+            raise ConfigError(f"trainer.processes={p} exceeds the n={self.n} workers; every process hosts at "
+                              f"least one worker. Use trainer.processes in [1, {self.n}] (0: one per worker).")
+        return p
+
+    def hosts(self) -> Optional[tuple[int, ...]]:
+        """The process of every worker rank when processes host several workers (``None``: one each)."""
+        from ..distributed.comm import block_hosts
+
+        p = self.processes()
+        return None if p == self.n else block_hosts(self.n, p)
 
     @property
     def byzantine_ranks(self) -> tuple[int, ...]:

@@ -123,6 +123,18 @@ def summary_from_records(summary: dict[str, Any], records: list[dict[str, Any]])
     summary["mean_kappa_hat"] = mean([r.get("agg/kappa_hat") for r in train])
     summary["byz_accepted_rate"] = mean([r["agg/byz_accepted"] for r in train if "agg/byz_accepted" in r])
     summary["dropped_rows"] = int(sum(int(r.get("agg/dropped", 0)) for r in train))
+    # protocols with partial participation or staleness (docs/protocols.md): their obligations
+    if any("round/participants" in r for r in train):
+        summary["mean_participants"] = mean([r.get("round/participants") for r in train])
+        summary["rounds_without_guarantee"] = int(sum(int(r.get("round/over_f", 0)) for r in train))
+        summary["byzantine_submissions"] = int(sum(int(r.get("round/byzantine", 0)) for r in train))
+    if any("round/staleness_mean" in r for r in train):
+        summary["mean_staleness"] = mean([r.get("round/staleness_mean") for r in train])
+        summary["max_staleness_seen"] = max(int(r.get("round/staleness_max", 0)) for r in train)
+        summary["discarded_rows"] = int(sum(int(r.get("round/discarded", 0)) for r in train))
+    if any("agg/bias_vs_sync" in r for r in train):
+        summary["mean_bias_vs_sync"] = mean([r.get("agg/bias_vs_sync") for r in train])
+        summary["mean_bias_vs_sync_rel"] = mean([r.get("agg/bias_vs_sync_rel") for r in train])
     accs = [r["test/acc"] for r in tests if isinstance(r.get("test/acc"), (int, float))]
     if accs:
         summary["best_test_acc"] = max(accs)

@@ -82,6 +82,10 @@ def prepare(job: Job, *, restarted: bool = False) -> tuple[Job, Attempt, str]:
     """
     s = job.settings
     s.check()
+    if s.mode == "processes" and job.hosts() is not None and s.on_failure == "shrink":
+        raise ConfigError(f"trainer.on_failure=shrink needs one process per worker; trainer.processes="
+                          f"{s.processes} puts several of the n={job.n} workers in one process. Use "
+                          "trainer.on_failure=restart or trainer.processes=0.")
     job.violations = list(dict.fromkeys(job.violations + job.check_rule()))
     job.run_id = job.run_id or uuid.uuid4().hex[:12]
     run_dir = Path(job.run_dir)
@@ -166,14 +170,15 @@ def spawned_entry(rank: int, job: Job, init_method: str, attempt: Optional[Attem
     s = job.settings
     torch.set_num_threads(int(s.threads))
     timeout = float(s.collective_timeout_s)
-    init_group(backend=s.backend, rank=rank, world_size=job.n, timeout=timedelta(seconds=timeout),
+    init_group(backend=s.backend, rank=rank, world_size=job.processes(), timeout=timedelta(seconds=timeout),
                init_method=init_method)
     try:
         device = device_for(job, rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         number = 0 if attempt is None else attempt.number
-        comm = ProcessGroupComm(device=device, timeout_s=timeout, group_id=f"{job.run_id}/attempt-{number}")
+        comm = ProcessGroupComm(device=device, timeout_s=timeout, group_id=f"{job.run_id}/attempt-{number}",
+                                hosts=job.hosts())
         run_worker(job, comm, device, attempt)
     finally:
         destroy_group()
@@ -206,11 +211,12 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
     while True:
         port = int(s.port) or free_port(addr)
         try:
-            spawn(spawned_entry, job.n, args=(job, f"tcp://{addr}:{port}", attempt), start_method=method,
+            spawn(spawned_entry, job.processes(), args=(job, f"tcp://{addr}:{port}", attempt), start_method=method,
                   preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"))
             break
         except WorkerFailedError as exc:
-            lost = [job.identities[r] for r in exc.lost if r < len(job.identities)]
+            hosts = job.hosts() or tuple(range(job.n))
+            lost = [job.identities[w] for w in range(job.n) if hosts[w] in exc.lost]
             last = last_step_reached(out)
             more = attempt.number < int(s.max_restarts)
             det = record_failure(out, attempt.number, lost=lost, message=str(exc), archive=more)
@@ -263,9 +269,10 @@ def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], N
     job.run_id = os.environ.get("TORCHELASTIC_RUN_ID") or job.run_id or "torchrun"
     if job.run_id == "none":
         job.run_id = "torchrun"
-    if env.world_size != job.n:
-        raise ConfigError(f"torchrun started {env.world_size} processes but the job has n={job.n} workers; one "
-                          f"process per worker is needed (a total of {job.n} across torchrun's nodes).")
+    if env.world_size != job.processes():
+        raise ConfigError(f"torchrun started {env.world_size} processes but the job has n={job.n} workers on "
+                          f"{job.processes()} process(es) (trainer.processes={job.settings.processes}); start "
+                          f"{job.processes()} in total across torchrun's nodes or set trainer.processes.")
     lock: Optional[RunLock] = None
     message = ""
     attempt = Attempt(number=restarts, resume=s.resume if restarts == 0 else "auto",
@@ -295,7 +302,8 @@ def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], N
         device = device_for(job, env.local_rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        comm = ProcessGroupComm(device=device, timeout_s=timeout, group_id=f"{job.run_id}/attempt-{restarts}")
+        comm = ProcessGroupComm(device=device, timeout_s=timeout, group_id=f"{job.run_id}/attempt-{restarts}",
+                                hosts=job.hosts())
         return run_worker(job, comm, device, attempt)
     finally:
         destroy_group()

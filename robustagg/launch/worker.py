@@ -19,7 +19,7 @@ import torch
 
 from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl
 from ..distributed import Communicator, ShardedReduction, make_reduction
-from ..errors import AssumptionWarning, Interrupted
+from ..errors import AssumptionWarning, ConfigError, Interrupted
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
                         save_model, seed_everything, write_evidence, write_json)
@@ -72,7 +72,13 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
     ctx = WorkerContext(job=job, rank=comm.rank, local_ranks=tuple(comm.local_ranks), device=device, comm=comm)
     parts = job.build(ctx)
     rule = parts.rule
-    reduction = make_reduction(str(s.reduction), rule, comm, on_nonfinite=str(s.on_nonfinite))
+    mode = str(s.reduction)
+    if parts.protocol is not None and parts.protocol.gathers:
+        if mode == "sharded":
+            raise ConfigError(f"protocol {parts.protocol.name!r} needs every member's full row on every rank; "
+                              "use trainer.reduction=gather (or auto).")
+        mode = "gather"
+    reduction = make_reduction(mode, rule, comm, on_nonfinite=str(s.on_nonfinite))
     sharded_metrics = False
     if isinstance(reduction, ShardedReduction):
         reduction.metrics = bool(s.metrics)  # its moments and shares cost collectives on every rank
@@ -92,10 +98,12 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
         extra["batch_loss"] = parts.batch_loss
     if parts.root is not None:
         extra["root"] = parts.root
+    if parts.protocol is not None:
+        extra["protocol"] = parts.protocol
     trainer = Trainer(parts.model, parts.optimizer, reduction, parts.shards, batch_size=int(s.batch_size),
                       num_classes=int(parts.num_classes), seed=int(s.seed), scheduler=parts.scheduler,
                       worker_momentum=float(s.worker_momentum), byzantine=parts.byzantine, metrics=bool(s.metrics),
-                      identities=ids, injector=injector, **extra)
+                      identities=ids, injector=injector, measure_bias=bool(s.measure_bias), **extra)
     comm.group_id = comm.group_id or f"{job.run_id}/attempt-{attempt.number}"
     out = Path(job.run_dir)
     main = comm.is_main
@@ -157,6 +165,7 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
         summary.update({"n": job.n, "f": job.f, "byzantine": len(job.byzantine_ranks),
                         "byzantine_ranks": list(job.byzantine_ranks), "mode": s.mode, "seed": int(s.seed),
                         "num_parameters": trainer.num_parameters(), "violations": job.violations,
+                        **trainer.protocol.describe(), "processes": comm.num_processes,
                         "run_dir": str(out), "run_id": job.run_id, "n_initial": job.n_initial,
                         "workers": list(job.identities), "restarts": attempt.number,
                         "resumed_from": restored.step if restored.checkpoint else None,

@@ -144,11 +144,13 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
     ``time/compute_min_s`` (per-rank compute time before the exchange: a straggler shows here),
     ``agg/dropped``, and, when ``trainer.metrics`` is on, from :func:`robustagg.metrics.step_metrics`
     ``agg/kappa_hat``, ``agg/dev_norm``, ``agg/cosine``, ``agg/retained``, ``agg/byz_accepted`` and
-    ``agg/honest_weight/<rank>`` (rank of the worker, also when rows were dropped).
+    ``agg/honest_weight/<rank>`` (rank of the worker, also when rows were dropped; the label of
+    the rule's input row when a protocol transforms the rows), the protocol's per-update numbers
+    (``round/*``) and, when measured, ``agg/bias_vs_sync`` and ``agg/bias_vs_sync_rel``.
     """
     red = out.reduced
-    honest = [r for r in range(len(out.losses)) if r not in out.byzantine]
-    hl = [out.losses[r] for r in honest]
+    ranks = red.members if len(red.members) == len(out.losses) else list(range(len(out.losses)))
+    hl = [loss for r, loss in zip(ranks, out.losses) if r not in out.byzantine]
     secs = [h.seconds for h in red.headers]
     rec: dict[str, Any] = {
         "kind": "train", "step": out.step + 1,
@@ -158,13 +160,17 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
         "time/compute_max_s": max(secs), "time/compute_min_s": min(secs),
         "agg/dropped": len(red.dropped),
     }
+    if out.plan is not None and out.plan.info:
+        rec.update(out.plan.info)
+    if out.bias is not None:
+        rec.update(out.bias)
     metrics = _step_metrics() if trainer.metrics else None  # trainer.metrics=false: no agg/* metrics
     mask = out.honest_mask()
-    if metrics is not None and red.matrix is not None and bool(mask.any()):
-        x = red.matrix if not red.dropped else red.matrix[red.kept]
+    x = red.rule_rows()
+    if metrics is not None and x is not None and bool(mask.any()):
         for k, v in metrics(red.aggregate, x, mask, red.weights).items():
             if k.startswith("agg/honest_weight/"):
-                k = f"agg/honest_weight/{red.kept[int(k.rsplit('/', 1)[1])]}"
+                k = f"agg/honest_weight/{red.inputs[int(k.rsplit('/', 1)[1])]}"
             rec[k] = v
         if not out.byzantine:
             rec.pop("agg/byz_accepted", None)

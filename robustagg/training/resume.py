@@ -143,8 +143,13 @@ class Checkpointer:
         comm = trainer.comm
         if self._hosts is None:
             mine = [trainer.identities[r] for r in comm.local_ranks]
+            hosts = getattr(comm, "hosts", None)
             if comm.num_processes == 1:
                 self._hosts = {_rank_file(0): mine}
+            elif hosts is not None and len(hosts) != comm.num_processes:
+                # several workers per process (fixed blocks, worker id = rank: no shrink renumbers them)
+                self._hosts = {_rank_file(p): [w for w, h in enumerate(hosts) if h == p]
+                               for p in range(comm.num_processes)}
             else:  # one worker per process: each process tells its worker id
                 ids = comm.vote(mine[0], op="checkpoint-hosts")
                 self._hosts = {_rank_file(p): [w] for p, w in enumerate(ids)}

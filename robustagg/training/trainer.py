@@ -47,6 +47,7 @@ from .state import capture_rng, restore_rng
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..distributed.header import Header
+    from ..protocols.base import Protocol, RoundPlan
     from .faults import FaultInjector
 
 __all__ = ["Shard", "StepOutput", "Trainer"]
@@ -80,10 +81,14 @@ class StepOutput:
     Attributes:
         step: the id of the step just taken (0-based; the trainer's counter is now ``step + 1``).
         reduced: the reduction's outcome (aggregate, matrix, kept rows, headers, ...).
-        byzantine: ranks that attacked at this step.
-        losses: every rank's training loss on its batch (from the headers; Byzantine ranks report
-            the loss of their honest computation).
+        byzantine: ranks that attacked at this step (members of the update only).
+        losses: every member's training loss on its batch, in ``reduced.members`` order (from the
+            headers; Byzantine ranks report the loss of their honest computation).
         seconds: wall time of the step in this process.
+        plan: the protocol's :class:`~robustagg.protocols.RoundPlan` of this update.
+        honest_inputs: per row the rule received, whether it is honest (the protocol's view).
+        bias: ``agg/bias_vs_sync`` and ``agg/bias_vs_sync_rel`` on the main process when the
+            trainer measures bias and the protocol can evaluate its reference, else ``None``.
     """
 
     step: int
@@ -91,10 +96,15 @@ class StepOutput:
     byzantine: tuple[int, ...]
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    plan: Optional["RoundPlan"] = None
+    honest_inputs: Optional[list[bool]] = None
+    bias: Optional[dict[str, float]] = None
 
     def honest_mask(self) -> torch.Tensor:
-        """``(len(kept),)`` bool: True for the kept rows of honest workers."""
-        return torch.tensor([r not in self.byzantine for r in self.reduced.kept], dtype=torch.bool)
+        """``(len(reduced.inputs),)`` bool: True for the honest rows the rule received."""
+        if self.honest_inputs is not None:
+            return torch.tensor(self.honest_inputs, dtype=torch.bool)
+        return torch.tensor([r not in self.byzantine for r in self.reduced.inputs], dtype=torch.bool)
 
 
 def _as_source(obj: Any, rank: int) -> Any:
@@ -143,6 +153,10 @@ class Trainer:
             before the reduction, every process computes the plain gradient on all of it (no
             momentum; dropout drawn from a stream seeded by ``(seed, step)``) and hands it to the
             rule's ``set_trusted`` (FLTrust, Cao et al., NDSS 2021; the rule of a Pipeline).
+        protocol: the :class:`~robustagg.protocols.Protocol` (default
+            :class:`~robustagg.protocols.DSGD`: every worker, one fresh gradient per update).
+        measure_bias: compute ``agg/bias_vs_sync`` every update on the main process (the
+            protocol's synchronous full-participation reference; extra computation).
 
     Raises:
         ConfigError: hosted workers and shards differ, Byzantine ranks out of range, every worker
@@ -156,7 +170,8 @@ class Trainer:
                  byzantine: Optional[ByzantineBehaviour] = None, metrics: bool = True,
                  identities: Optional[Mapping[int, int]] = None, injector: Optional["FaultInjector"] = None,
                  batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
-                 root: Optional[Shard] = None) -> None:
+                 root: Optional[Shard] = None, protocol: Optional["Protocol"] = None,
+                 measure_bias: bool = False) -> None:
         self.comm = reduction.comm
         self.root, self.seed = root, int(seed)
         if sorted(shards) != list(self.comm.local_ranks):
@@ -211,6 +226,14 @@ class Trainer:
         #: The last step's headers and when their exchange finished (``time.time()``): evidence.
         self.last_headers: list["Header"] = []
         self.last_headers_at: Optional[float] = None
+        if protocol is None:
+            from ..protocols.dsgd import DSGD
+
+            protocol = DSGD()
+        #: The training protocol (who submits what per update, how the server applies it).
+        self.protocol = protocol
+        self.measure_bias = bool(measure_bias)
+        protocol.bind(self)
         #: ``(rank, signal number)`` of the first rank whose header of the last step carried a stop
         #: request (``None``: none did); the same on every rank, so all stop after the same step.
         self.stop_request: Optional[tuple[int, int]] = None
@@ -244,8 +267,38 @@ class Trainer:
         g = flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         return g.detach(), float(loss.detach())
 
+    def worker_batch(self, rank: int, step: int) -> Any:
+        """Hosted worker ``rank``'s next batch (its data position advances), poisoned when ``rank`` is
+        Byzantine under a data attack that is active at ``step``. Protocols call it."""
+        batch = self._next_batch(rank)
+        byz = self.byzantine
+        if byz is None or rank not in byz.ranks or not byz.active(step):
+            return batch
+        if byz.poison_fn is not None:
+            x, y = batch
+            batch = (x, byz.poison_fn(y, self.num_classes))
+        if byz.batch_poison_fn is not None:
+            x, y = batch
+            batch = byz.batch_poison_fn(x, y, self.num_classes, tuple(byz.ranks).index(rank))
+        return batch
+
+    def worker_gradient(self, rank: int, step: int) -> tuple[torch.Tensor, float]:
+        """Hosted worker ``rank``'s gradient on its next batch at the model's current parameters.
+
+        The worker's own torch RNG stream is swapped in around the computation (dropout and other
+        randomness), so the result does not depend on how workers are spread over processes.
+
+        Returns:
+            ``(g, loss)``: the flattened ``(d,)`` gradient (the parameters' dtype) and the batch loss.
+        """
+        batch = self.worker_batch(rank, step)
+        torch.set_rng_state(self.worker_rng[rank])
+        g, loss = self._gradient(batch)
+        self.worker_rng[rank] = torch.get_rng_state()
+        return g, loss
+
     def step(self) -> StepOutput:
-        """Take one training step on every hosted worker; see the module docstring.
+        """Take one update of the protocol on every hosted member; see the module docstring.
 
         Raises:
             ShapeError: the injected attack returned the wrong shape.
@@ -260,52 +313,47 @@ class Trainer:
         inj = self.injector
         if inj is not None:
             inj.step_point("before_step", step)
+        proto = self.protocol
+        plan = proto.plan(self, step)
+        members = plan.members
+        member_set = set(members)
         byz = self.byzantine
         active = byz is not None and byz.active(step)
-        byz_ranks: tuple[int, ...] = tuple(byz.ranks) if (byz is not None and active) else ()
+        byz_ranks: tuple[int, ...] = tuple(r for r in byz.ranks if r in member_set) if (byz is not None
+                                                                                        and active) else ()
         subs: dict[int, torch.Tensor] = {}
         aux: dict[int, tuple[float, float]] = {}
         self.model.train()  # once per step (it walks every module), not once per hosted worker
         for r in self.comm.local_ranks:
+            if r not in member_set:
+                continue
             tw = time.perf_counter()
             if inj is not None:
                 inj.compute(step, r)
-            batch = self._next_batch(r)
-            if r in byz_ranks and byz is not None and byz.poison_fn is not None:
-                x, y = batch
-                batch = (x, byz.poison_fn(y, self.num_classes))
-            if r in byz_ranks and byz is not None and byz.batch_poison_fn is not None:
-                x, y = batch
-                batch = byz.batch_poison_fn(x, y, self.num_classes, byz_ranks.index(r))
-            torch.set_rng_state(self.worker_rng[r])
-            g, loss = self._gradient(batch)
-            self.worker_rng[r] = torch.get_rng_state()
-            if self.worker_momentum > 0:
-                m = self.momentum[r]
-                b = self.worker_momentum  # m_0 = 0, so the first step submits (1 - b) g
-                g = (1.0 - b) * g if m is None else b * m + (1.0 - b) * g
-                self.momentum[r] = g
+            g, loss = proto.submit(self, r, plan)
             if inj is not None:
                 g = inj.submission(step, r, g)
             subs[r] = g
             aux[r] = (loss, time.perf_counter() - tw)  # this worker's compute time (straggler evidence)
         announced = step if inj is None else inj.before_announce(self, step)
-        headers = self.reduction.announce(subs, step=announced, aux=aux, stop=stop_requested())
+        subset = None if plan.full else list(members)
+        headers = self.reduction.announce(subs, step=announced, aux=aux, stop=stop_requested(), members=subset)
         self.last_headers, self.last_headers_at = headers, time.time()
         self.stop_request = next(((h.rank, h.stop) for h in headers if h.stop), None)
         if byz_ranks and byz is not None and byz.gradient_fn is not None:
-            n = self.comm.world_size
-            honest = [i for i in range(n) if i not in byz_ranks]
+            honest = [i for i in members if i not in byz_ranks]
             mine = [r for r in self.comm.local_ranks if r in byz_ranks]
             if byz.needs_exchange:
-                full = self.reduction.share(subs, step=step)
+                full = self.reduction.share(subs, step=step)  # (len(members), d), members' order
+                pos = {r: i for i, r in enumerate(members)}
                 # integrity before the attack: under drop it sees only the honest rows the rule will
                 # see (the same on every rank); under abort every rank stops here, as reduce would
-                honest = self.reduction.finite_rows(full, honest, step=step)
-                honest_rows, own = full[honest], full[list(byz_ranks)]
+                finite = self.reduction.finite_rows(full, [pos[r] for r in honest], step=step)
+                honest_rows, own = full[finite], full[[pos[r] for r in byz_ranks]]
             else:  # the attack reads only the shapes: no exchange (see ByzantineBehaviour)
-                g0 = next(iter(subs.values()))
-                honest_rows, own = g0.new_zeros((len(honest), g0.numel())), None
+                d = self.num_parameters()
+                dtype = self.params[0].dtype if not subs else next(iter(subs.values())).dtype
+                honest_rows, own = torch.zeros((len(honest), d), dtype=dtype, device=self.comm.device), None
             if mine:
                 if byz.needs_parameters:  # the current model (every worker holds it); see GradientAttack
                     w = flatten([p.detach() for p in self.params])
@@ -323,16 +371,29 @@ class Trainer:
         if self.root is not None:
             self._trust_root(step)
         reduced = self.reduction.reduce(subs, step=step, aux=aux, want_weights=self.metrics and self.is_main,
-                                        headers=headers)
+                                        headers=headers, transform=proto.transform(plan))
         if inj is not None:
             inj.step_point("after_reduce", step)  # a crash here: the other ranks apply, this one never does
-        self.apply(reduced.aggregate)
+        bias = self._bias(plan, reduced, byz_ranks) if self.measure_bias else None
+        proto.apply(self, reduced.aggregate, plan)
         self.step_id += 1
         if inj is not None:
             inj.step_point("after_step", step)
         self.current_step = None
         return StepOutput(step=step, reduced=reduced, byzantine=byz_ranks,
-                          losses=[h.loss for h in reduced.headers], seconds=time.perf_counter() - t0)
+                          losses=[h.loss for h in reduced.headers], seconds=time.perf_counter() - t0, plan=plan,
+                          honest_inputs=proto.honest_inputs(reduced, byz_ranks), bias=bias)
+
+    def _bias(self, plan: Any, reduced: Reduced, byz_ranks: tuple[int, ...]) -> Optional[dict[str, float]]:
+        """``agg/bias_vs_sync`` (and its relative form) against the protocol's synchronous reference."""
+        if not self.is_main:
+            return None
+        ref = self.protocol.reference(self, plan, reduced, byz_ranks)
+        if ref is None:
+            return None
+        diff = float(torch.linalg.vector_norm(reduced.aggregate.to(torch.float64) - ref.to(torch.float64)))
+        size = float(torch.linalg.vector_norm(ref.to(torch.float64)))
+        return {"agg/bias_vs_sync": diff, "agg/bias_vs_sync_rel": diff / size if size > 0 else float("nan")}
 
     def _trust_root(self, step: int) -> None:
         """Give the rule this step's gradient on the root data set (identical in every process)."""
@@ -398,8 +459,10 @@ class Trainer:
             ``{"replicated": {...}, "local": {...}}``. ``replicated`` is identical on every rank
             (save it once): ``step``, ``model``, ``optimizer``, ``scheduler`` (or ``None``),
             ``rule`` (the rule's explicit state), ``comm_seq`` (collectives issued so far),
-            ``last_digest`` (digest of the last aggregate, checked in the next step's headers).
-            ``local`` is this process's own: ``workers`` ``{worker id: {"sampler", "momentum", "rng"}}``
+            ``last_digest`` (digest of the last aggregate, checked in the next step's headers),
+            ``protocol`` (the protocol's replicated state, e.g. an asynchronous schedule).
+            ``local`` is this process's own: ``workers`` ``{worker id: {"sampler", "momentum", "rng",
+            "protocol"}}``
             for the hosted workers (data position, momentum buffer, the worker's torch CPU RNG
             stream; keyed by :attr:`identities`, the rank itself unless a shrink renumbered the
             workers), ``rng`` (process-global Python/NumPy/torch/CUDA RNG states),
@@ -416,10 +479,12 @@ class Trainer:
                 "rule": self.reduction.rule.state_dict(),
                 "comm_seq": self.comm.seq,
                 "last_digest": self.reduction.last_digest,
+                "protocol": self.protocol.state_dict(),
             },
             "local": {
                 "workers": {self.identities[r]: {"sampler": self.samplers[r].state_dict(),
-                                                 "momentum": _clone(self.momentum[r]), "rng": self.worker_rng[r].clone()}
+                                                 "momentum": _clone(self.momentum[r]), "rng": self.worker_rng[r].clone(),
+                                                 "protocol": self.protocol.worker_state(r)}
                             for r in self.comm.local_ranks},
                 "rng": capture_rng(),
                 "attack": byz.state_dict() if byz is not None else {},
@@ -446,11 +511,13 @@ class Trainer:
         self.reduction.rule.load_state_dict(rep["rule"])
         self.comm.seq = int(rep["comm_seq"])
         self.reduction.last_digest = int(rep.get("last_digest", 0))
+        self.protocol.load_state_dict(rep.get("protocol") or {})
         for wid, w in loc["workers"].items():
             r = by_id[int(wid)]
             self.samplers[r].load_state_dict(w["sampler"])
             self.momentum[r] = None if w["momentum"] is None else w["momentum"].clone()
             self.worker_rng[r] = w["rng"].clone()
+            self.protocol.load_worker_state(r, w.get("protocol") or {})
         restore_rng(loc["rng"])
         if self.byzantine is not None:
             self.byzantine.load_state_dict(loc.get("attack") or {})
