@@ -39,8 +39,8 @@ import pandas as pd
 
 from robustagg.errors import ConfigError
 
-from .report_figures import (accuracy_heatmap, kappa_curves, learning_curves, save_figure, tradeoff_scatter,
-                             weight_vs_skew)
+from .report_figures import (accuracy_heatmap, availability_vs_bias, kappa_curves, learning_curves, save_figure,
+                             tradeoff_scatter, weight_vs_skew)
 from .report_load import SweepData, load_sweep, write_atomic
 from .report_tables import Report, across_settings, add_derived, backdoor_table, pivot, slug, to_markdown, tradeoff
 
@@ -49,6 +49,8 @@ __all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
 RESULT_COLUMNS = ["run_id", "status", "rule", "attack", "setting", "heterogeneity", "data", "seed", "n", "f",
                   "byzantine", "final_acc", "final_asr", "best_acc", "worst_class_acc", "final_loss",
                   "run/acc_drop_vs_mean", "run/suppression", "run/integrity", "mean_kappa_hat", "byz_accepted", "steps",
+                  "protocol", "participation", "tau", "mean_bias_vs_sync", "mean_bias_vs_sync_rel", "mean_staleness",
+                  "rounds_without_guarantee",
                   "wall_seconds", "reason", "run_dir"]
 
 
@@ -192,6 +194,12 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
                     name = f"learning_{metric}_{slug(setting)}.png"
                     files.append(save_figure(fig, out / name))
                     figures.setdefault(setting, []).append(name)
+        for axis in ("participation", "tau"):
+            fig = availability_vs_bias(results, axis)
+            if fig is not None:
+                name = f"availability_{axis}.png"
+                files.append(save_figure(fig, out / name))
+                figures.setdefault("", []).append(name)
         fig = weight_vs_skew(results, sweep.weights)
         if fig is not None:
             files.append(save_figure(fig, out / "weights_vs_skew.png"))

@@ -165,6 +165,7 @@ def describe_run(cfg: dict[str, Any]) -> dict[str, Any]:
         byz = 0
     setting = {k: v for k, v in flatten(cfg).items() if not _is_identity(k)}
     seed = int(cfg.get("seed", 0) or 0)
+    proto = protocol_axes(cfg.get("protocol"), n)
     context = _digest({**setting, "seed": seed})
     return {"rule": rule, "attack": attack, "heterogeneity": heterogeneity_label(data),
             "data": str(data.get("name", "?")), "seed": seed, "n": n, "f": f, "byzantine": byz,
@@ -175,7 +176,22 @@ def describe_run(cfg: dict[str, Any]) -> dict[str, Any]:
             "setting_json": json.dumps(setting, sort_keys=True, default=str),
             "rule_params": json.dumps(_params(cfg.get("preaggregation"), cfg.get("aggregator")), sort_keys=True,
                                       default=str),
-            "attack_params": json.dumps(_params(cfg.get("attack")), sort_keys=True, default=str)}
+            "attack_params": json.dumps(_params(cfg.get("attack")), sort_keys=True, default=str), **proto}
+
+
+def protocol_axes(node: Any, n: int) -> dict[str, Any]:
+    """The availability axes of a run's ``protocol`` node: ``protocol`` (its class name, lower case),
+    ``participation`` (fraction of the n workers sampled per round: ``clients_per_round / n`` under
+    uniform sampling, else 1) and ``tau`` (``max_staleness``, 0 for synchronous protocols)."""
+    node = node if isinstance(node, dict) else {}
+    target = str(node.get("_target_") or "robustagg.protocols.DSGD")
+    k = node.get("clients_per_round")
+    part = 1.0
+    if isinstance(k, (int, float)) and n > 0 and str(node.get("sampling", "uniform")) != "all":
+        part = min(1.0, float(k) / n)
+    tau = node.get("max_staleness")
+    return {"protocol": target.rsplit(".", 1)[-1].lower(), "participation": part,
+            "tau": int(tau) if isinstance(tau, (int, float)) else 0}
 
 
 def _params(*nodes: Any) -> dict[str, Any]:

@@ -8,6 +8,9 @@
   rule's literature bound and the lower bound ``f / (n - 2f)`` as horizontal lines, log y;
 - :func:`learning_curves`: test accuracy (or loss) against the step, one panel per rule, one line
   per attack (mean over seeds) with the seeds' range as a band (:func:`curve_bands`);
+- :func:`availability_vs_bias`: final accuracy, mean kappa-hat and the mean relative bias against
+  the synchronous full-participation honest mean, against the participation fraction (or the
+  staleness bound tau), one line per rule, solid without attack and dashed under it;
 - :func:`weight_vs_skew`: each honest worker's share of the aggregate (relative to a fair ``1/n``)
   against its label skew, one panel per rule.
 """
@@ -30,7 +33,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from .report_tables import ATTACK_ORDER, RULE_ORDER, mean_grid, order  # noqa: E402
 
 __all__ = ["rule_colors", "save_figure", "accuracy_heatmap", "tradeoff_scatter", "kappa_curves", "weight_vs_skew", "kappa_bounds",
-           "curve_bands", "learning_curves"]
+           "curve_bands", "learning_curves", "availability_vs_bias"]
 
 _DPI = 110
 
@@ -395,5 +398,51 @@ def weight_vs_skew(runs: pd.DataFrame, weights: pd.DataFrame, *, attack: str = "
         ax.grid(alpha=0.3)
     fig.suptitle(f"who gets suppressed: each honest worker's mean weight in the aggregate vs its label skew "
                  f"(attack: {attack}; one point per worker and seed)", fontsize=10)
+    _legend(fig, handles, 4)
+    return fig
+
+
+def availability_vs_bias(runs: pd.DataFrame, axis: str = "participation") -> Optional[Any]:
+    """What availability costs: three panels against ``axis`` (``"participation"``: the fraction of
+    clients sampled per round; ``"tau"``: the staleness bound, in updates): final test accuracy (%),
+    mean kappa-hat (log y) and mean ``agg/bias_vs_sync_rel`` (relative bias of the aggregate against
+    the synchronous full-participation honest mean; log y). One colour per rule, a solid line with
+    no attack, dashed under an attack (mean over seeds). ``None`` when fewer than two values of
+    ``axis`` were run."""
+    if axis not in runs or "status" not in runs:
+        return None
+    ok = runs[runs["status"] == "ok"]
+    if ok.empty or ok[axis].nunique() < 2:
+        return None
+    rules = order(ok["rule"], RULE_ORDER)
+    colors = rule_colors(rules)
+    panels = [("final_acc", "final test accuracy (%)", 100.0, False),
+              ("mean_kappa_hat", "mean kappa-hat", 1.0, True),
+              ("mean_bias_vs_sync_rel", "mean relative bias vs synchronous", 1.0, True)]
+    fig, axes = _grid(len(panels), 3, 4.2, 3.3)
+    handles: dict[str, Any] = {}
+    for ax, (col, label, scale, log) in zip(axes.flat, panels):
+        if col not in ok:
+            ax.set_visible(False)
+            continue
+        for rule in rules:
+            for attacked in (False, True):
+                sel = ok[(ok["rule"] == rule) & ((ok["attack"] != "none") == attacked)]
+                g = sel.groupby(axis)[col].mean().dropna()
+                if log:
+                    g = g[g > 0]
+                if g.empty:
+                    continue
+                line, = ax.plot(g.index.to_numpy(dtype=float), scale * g.to_numpy(dtype=float), color=colors[rule],
+                                ls="--" if attacked else "-", marker="o", lw=1.3)
+                handles.setdefault(rule, line)
+        if log:
+            ax.set_yscale("log")
+        ax.set_xlabel("clients sampled per round (fraction of n)" if axis == "participation"
+                      else "staleness bound tau (updates)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    attacks = sorted(a for a in ok["attack"].unique() if a != "none")
+    fig.suptitle(f"availability against bias (solid: no attack; dashed: {', '.join(attacks) or 'none'})", fontsize=10)
     _legend(fig, handles, 4)
     return fig

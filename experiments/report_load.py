@@ -229,6 +229,14 @@ def load_run(run: Path, run_id: str, skew_cache: dict[str, list[float]]) -> tupl
     acc = train["agg/byz_accepted"].dropna() if "agg/byz_accepted" in train else pd.Series(dtype=float)
     row["byz_accepted"] = _num(acc.mean()) if len(acc) else _num(summary.get("byz_accepted_rate"))
     row["steps"] = int(train["step"].max()) if len(train) else int(summary.get("steps", 0) or 0)
+    for key in ("mean_bias_vs_sync", "mean_bias_vs_sync_rel", "mean_staleness", "rounds_without_guarantee"):
+        col = {"mean_bias_vs_sync": "agg/bias_vs_sync", "mean_bias_vs_sync_rel": "agg/bias_vs_sync_rel",
+               "mean_staleness": "round/staleness_mean", "rounds_without_guarantee": "round/over_f"}[key]
+        if col in train and train[col].notna().any():
+            vals = pd.to_numeric(train[col], errors="coerce")
+            row[key] = _num(vals.sum() if key == "rounds_without_guarantee" else vals.mean())
+        else:
+            row[key] = _num(summary.get(key))
     row["wall_seconds"] = _num(summary.get("wall_seconds"))
     skipped = _read_json(run / "skipped.json")
     if str(summary.get("status", "")).lower() in ("skipped", "diverged"):
