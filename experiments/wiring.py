@@ -215,6 +215,18 @@ def build_attack(cfg: DictConfig) -> Any:
         raise ConfigError(f"attack {cls.__name__}: {exc}") from None
 
 
+#: The configuration key of every :class:`~robustagg.launch.RunSettings` attribute (for its messages).
+SETTING_KEYS: dict[str, str] = {
+    **{a: f"trainer.{a}" for a in ("mode", "steps", "batch_size", "worker_momentum", "eval_every", "param_check_every",
+                                   "reduction", "on_nonfinite", "metrics", "progress", "device", "backend", "threads",
+                                   "start_method", "collective_timeout_s", "master_addr", "port", "resume",
+                                   "resume_changes", "max_restarts", "on_failure", "shrink_shards", "straggler_factor",
+                                   "processes", "measure_bias")},
+    "seed": "seed", "checkpoint_every": "trainer.checkpoint.every", "checkpoint_keep": "trainer.checkpoint.keep",
+    "ckpt_dir": "trainer.checkpoint.dir", "logger": "logger",
+}
+
+
 @dataclass
 class Plan:
     """A validated run, picklable, handed to every worker process.
@@ -275,7 +287,8 @@ class Plan:
             checkpoint_keep=int(tr.checkpoint.keep), ckpt_dir=self.ckpt_dir, resume=str(tr.resume),
             resume_changes=str(tr.resume_changes), max_restarts=int(tr.max_restarts), on_failure=str(tr.on_failure),
             shrink_shards=str(tr.shrink_shards), straggler_factor=float(tr.straggler_factor),
-            processes=int(tr.processes), measure_bias=bool(tr.measure_bias), logger=dict(self.cfg["logger"]))
+            processes=int(tr.processes), measure_bias=bool(tr.measure_bias), logger=dict(self.cfg["logger"]),
+            key_names=SETTING_KEYS)
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}

@@ -68,6 +68,8 @@ class RunSettings:
             refused).
         measure_bias: ``agg/bias_vs_sync`` every update (see :class:`~robustagg.training.Trainer`).
         logger: ``{"name": "wandb"|"none", "project", "entity", "mode", "group", "tags"}``.
+        key_names: ``{attribute: the key a user types}`` for messages (an app's configuration
+            names, e.g. ``{"resume_changes": "trainer.resume_changes"}``; default: the attribute).
     """
 
     mode: str = "processes"
@@ -100,6 +102,11 @@ class RunSettings:
     processes: int = 0
     measure_bias: bool = False
     logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    key_names: dict[str, str] = field(default_factory=dict)
+
+    def key(self, attr: str) -> str:
+        """The name a user typed for setting ``attr`` (``key_names``, e.g. ``trainer.resume_changes``; else ``attr``)."""
+        return self.key_names.get(attr, attr)
 
     def check(self) -> None:
         """Refuse values that cannot work (before any process starts).
@@ -113,17 +120,17 @@ class RunSettings:
                    "on_failure": ("restart", "shrink"), "shrink_shards": ("drop", "redistribute")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
-                raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}.")
+                raise ConfigError(f"{self.key(key)} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}.")
         for key in ("steps", "eval_every", "param_check_every", "checkpoint_every", "max_restarts", "processes"):
             if int(getattr(self, key)) < 0:
-                raise ConfigError(f"{key} must be >= 0; got {getattr(self, key)}.")
+                raise ConfigError(f"{self.key(key)} must be >= 0; got {getattr(self, key)}.")
         for key in ("batch_size", "threads", "checkpoint_keep"):
             if int(getattr(self, key)) < 1:
-                raise ConfigError(f"{key} must be >= 1; got {getattr(self, key)}.")
+                raise ConfigError(f"{self.key(key)} must be >= 1; got {getattr(self, key)}.")
         if not 0.0 <= float(self.worker_momentum) < 1.0:
-            raise ConfigError(f"worker_momentum must be in [0, 1); got {self.worker_momentum}.")
+            raise ConfigError(f"{self.key('worker_momentum')} must be in [0, 1); got {self.worker_momentum}.")
         if self.resume == "":
-            raise ConfigError("resume must be auto, never or a checkpoint folder; got an empty string.")
+            raise ConfigError(f"{self.key('resume')} must be auto, never or a checkpoint folder; got an empty string.")
 
 
 @dataclass
