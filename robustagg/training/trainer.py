@@ -4,7 +4,13 @@ In ``processes`` mode each process hosts one worker (its rank); in ``simulated``
 hosts all n. The step is the same code either way, so on CPU with one thread both modes produce
 bit-identical parameters for the same seed.
 
-Step (every process)::
+The step is written over a :class:`~robustagg.protocols.Protocol` (default
+:class:`~robustagg.protocols.DSGD`): the protocol's plan names the update's members, each hosted
+member's submission comes from ``protocol.submit`` and the server update from
+``protocol.apply``; everything between (headers, attacks, integrity, the rule) is the same for
+every protocol. Under ``dsgd`` (below) every worker is a member and submits one gradient.
+
+Step (every process, ``dsgd``)::
 
     for each hosted worker r:   batch <- shard_r (sampler position) ; labels (or the whole batch)
                                 poisoned if r is Byzantine under a data attack ; g_r <- grad of the loss, flattened
