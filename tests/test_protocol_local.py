@@ -266,3 +266,29 @@ def test_a_one_row_gather_of_an_odd_length_row_unframes():
     x = torch.tensor([1.5])
     rows, sums = unframe(frame(x).unsqueeze(0), torch.float32)
     assert torch.equal(rows, x.unsqueeze(0)) and sums == [ra.integrity.checksum(x)]
+
+
+def test_the_apps_give_the_trainer_the_server_optimizer_and_the_clients_the_optimizer_group(tmp_path):
+    # FedAdam by override; the cosine schedule steps the server optimizer once per round (from its
+    # lr 0.5, not the clients' 0.1); the clients' SGD with momentum is kept per client
+    import json
+
+    from experiments.train import train
+    from robustagg.checkpoint import load_state
+
+    rounds = 4
+    s = train(_cfg("threat.n=6", "threat.f=1", "aggregator=trimmed_mean", "attack=none",
+                   "protocol.clients_per_round=3", "protocol.local_steps=2", "protocol.client_state=keep",
+                   "protocol.server_optimizer._target_=torch.optim.Adam", "protocol.server_optimizer.lr=0.5",
+                   "optimizer.lr=0.1", "optimizer.momentum=0.9", "scheduler=cosine", f"trainer.steps={rounds}",
+                   "trainer.eval_every=0", "trainer.checkpoint.every=2"), out_dir=tmp_path, quiet=True)
+    lrs = [json.loads(line)["train/lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+           if json.loads(line)["kind"] == "train"]
+    assert lrs == pytest.approx([0.5 * (1 + math.cos(math.pi * t / rounds)) / 2 for t in range(1, rounds + 1)])
+    ck = tmp_path / "checkpoints" / f"step-{rounds:08d}"
+    server = load_state(ck / "replicated.pt")["optimizer"]
+    assert all(int(v["step"]) == rounds and "exp_avg_sq" in v for v in server["state"].values())
+    clients = [w["protocol"] for w in load_state(ck / "rank-0.pt")["workers"].values() if w["protocol"]]
+    assert clients and all("momentum_buffer" in v for c in clients for v in c["optimizer"]["state"].values())
+    assert all(c["optimizer"]["param_groups"][0]["lr"] == 0.1 for c in clients)  # no schedule on the clients
+    assert s["protocol"] == "local" and s["client_state"] == "keep"
