@@ -375,6 +375,9 @@ def _protocol_checks(cfg: DictConfig, rule: Aggregator, n: int) -> list[str]:
         AssumptionError: the rule's requirement fails at the rows per update (strict).
     """
     proto = build_protocol(cfg)
+    if proto is not None and proto.gathers and str(cfg.trainer.reduction) == "sharded":
+        raise ConfigError(f"protocol={proto.name} needs every member's full row on every rank; use "
+                          "trainer.reduction=gather (or auto).")
     if proto is None or not hasattr(proto, "rows_per_update"):
         return []
     if float(cfg.trainer.worker_momentum) > 0:

@@ -240,6 +240,7 @@ def test_worker_momentum_is_refused_with_local_rounds():
     ("protocol.local_steps=0", "protocol.local_steps"),
     ("protocol.client_state=forever", "protocol.client_state"),
     ("protocol.server_optimizer.lr=-1", "protocol.server_optimizer"),
+    ("trainer.reduction=sharded", "trainer.reduction=gather"),
 ])
 def test_bad_protocol_settings_fail_before_launch_naming_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
