@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import difflib
 import errno
+import functools
 import inspect
 import ipaddress
 import math
@@ -338,10 +339,14 @@ class ExperimentBuild:
 
         k = int(cfg.server.root_samples)
         root = self.data.root(k, int(cfg.seed)).to(device) if k > 0 else None
+        protocol = build_protocol(cfg)
+        if hasattr(protocol, "server_optimizer_for"):  # protocol=local: the optimizer group is the clients'
+            optimizer = protocol.server_optimizer_for(model.parameters())
+            scheduler = build_scheduler(cfg.get("scheduler"), optimizer)
         return WorkerParts(model=model, optimizer=optimizer, rule=rule, shards=shards, scheduler=scheduler,
                            byzantine=byzantine, evaluate=eval_fn, num_classes=num_classes,
                            callbacks=[instantiate(c) for c in cfg.trainer.callbacks], root=root,
-                           protocol=build_protocol(cfg))
+                           protocol=protocol)
 
 
 def build_protocol(cfg: DictConfig) -> Any:
@@ -364,7 +369,49 @@ def build_protocol(cfg: DictConfig) -> Any:
         raise ConfigError(f"protocol {node.get('_target_')}: {cause}") from None
     if not isinstance(proto, Protocol):
         raise ConfigError(f"protocol._target_={node.get('_target_')} is not a robustagg.protocols.Protocol.")
+    if hasattr(proto, "client_optimizer") and proto.client_optimizer is None:  # protocol=local
+        opt = OmegaConf.to_container(cfg.optimizer, resolve=True) if isinstance(cfg.get("optimizer"), DictConfig) \
+            else cfg.get("optimizer")
+        proto.client_optimizer = functools.partial(build_optimizer, opt)  # the optimizer group: local steps
     return proto
+
+
+def _protocol_checks(cfg: DictConfig, rule: Aggregator, n: int) -> list[str]:
+    """The protocol's own settings and the rule's requirement at the rows it gets per update, before launch.
+
+    A protocol that has ``rows_per_update(n)`` (``protocol=local``: ``k`` sampled clients) has the
+    rule's requirement checked at that many rows with the rule's ``f``; ``strict=false`` returns the
+    violations (recorded) instead of raising.
+
+    Raises:
+        ConfigError: a protocol setting out of range or one this run cannot use (names the key).
+        AssumptionError: the rule's requirement fails at the rows per update (strict).
+    """
+    proto = build_protocol(cfg)
+    if proto is not None and proto.gathers and str(cfg.trainer.reduction) == "sharded":
+        raise ConfigError(f"protocol={proto.name} needs every member's full row on every rank; use "
+                          "trainer.reduction=gather (or auto).")
+    if proto is None or not hasattr(proto, "rows_per_update"):
+        return []
+    if float(cfg.trainer.worker_momentum) > 0:
+        raise ConfigError(f"trainer.worker_momentum={cfg.trainer.worker_momentum} has no meaning under "
+                          f"protocol={proto.name} (clients submit model deltas); set trainer.worker_momentum=0 and "
+                          "give the local optimizer momentum (optimizer.momentum=0.9) or the server one "
+                          "(protocol.server_optimizer.momentum).")
+    rows = int(proto.rows_per_update(n))
+    if hasattr(proto, "server_optimizer_for"):
+        proto.server_optimizer_for([torch.nn.Parameter(torch.zeros(1))])
+    if rows == n:
+        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AssumptionWarning)
+        try:
+            found = rule.check(rows)
+        except AssumptionError as exc:
+            raise AssumptionError(f"protocol={proto.name} gives the rule {rows} rows per update "
+                                  f"(protocol.clients_per_round): {exc} Lower aggregator.f (the per-round bound), raise "
+                                  "protocol.clients_per_round, or pass strict=false.") from None
+    return [f"protocol={proto.name}, {rows} rows per update: {v}" for v in found]
 
 
 def _threat(cfg: DictConfig) -> tuple[int, int, int, tuple[int, ...], list[str]]:
@@ -660,6 +707,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
             violations = rule.check(n)  # raises AssumptionError under strict
         except AssumptionError as exc:
             raise AssumptionError(f"{exc}{_rows_note(rule, n)}") from None
+    violations = list(violations) + _protocol_checks(cfg, rule, n)
     attack = build_attack(cfg)
     attack_name, kind = "none", None
     if attack is not None and b > 0:
@@ -699,7 +747,8 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     assert isinstance(container, dict)
     plan.cfg = {str(k): v for k, v in container.items()}
     plan.violations = list(violations) + notes
-    plan.assumption_violated = bool(_hard_violations(rule, n)) or b > f
+    plan.assumption_violated = bool(_hard_violations(rule, n)) or b > f or any(v.startswith("protocol=")
+                                                                               for v in violations)
     plan.run_id = uuid.uuid4().hex[:12]
     plan.identities = tuple(range(n))
     plan.fingerprint = fingerprint(plan.cfg)

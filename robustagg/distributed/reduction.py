@@ -75,7 +75,8 @@ def unframe(buffers: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, li
     if buffers.dim() != 2 or body < 0 or body % size:
         raise ShapeError(f"frames of {buffers.shape[1]} bytes do not hold {dtype} rows plus an 8-byte checksum.")
     rows = buffers[:, :body].contiguous().view(dtype)
-    sums = buffers[:, body:].contiguous().cpu().view(torch.int64).reshape(-1).tolist()
+    # a copy: the checksum bytes of a single frame start at offset body, which int64 views refuse
+    sums = buffers[:, body:].reshape(-1).clone().cpu().view(torch.int64).tolist()
     return rows, [int(s) for s in sums]
 
 

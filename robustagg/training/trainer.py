@@ -360,7 +360,9 @@ class Trainer:
                 d = self.num_parameters()
                 dtype = self.params[0].dtype if not subs else next(iter(subs.values())).dtype
                 honest_rows, own = torch.zeros((len(honest), d), dtype=dtype, device=self.comm.device), None
-            if mine:
+            # every process hosting a Byzantine worker calls the attack whenever one attacks, sampled
+            # or not, so a stateful attack advances as in the simulated mode (partial participation)
+            if mine or any(r in byz.ranks for r in self.comm.local_ranks):
                 if byz.needs_parameters:  # the current model (every worker holds it); see GradientAttack
                     w = flatten([p.detach() for p in self.params])
                     model_aware: Any = byz.gradient_fn
