@@ -647,6 +647,12 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
             violations = rule.check(n)  # raises AssumptionError under strict
         except AssumptionError as exc:
             raise AssumptionError(f"{exc}{_rows_note(rule, n)}") from None
+    protocol = build_protocol(cfg)  # its values (protocol.<key>) and its fit to n and the rule
+    if protocol is not None:
+        protocol.check(n=n, rule=rule)
+        if not getattr(protocol, "shrinkable", True) and str(cfg.trainer.on_failure) == "shrink":
+            raise ConfigError(f"protocol={protocol.name} keeps its state over a fixed n; trainer.on_failure=shrink "
+                              "cannot run with it. Use trainer.on_failure=restart.")
     attack = build_attack(cfg)
     attack_name, kind = "none", None
     if attack is not None and b > 0:
