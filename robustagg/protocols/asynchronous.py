@@ -35,6 +35,12 @@ def polynomial_staleness(staleness: int, a: float) -> float:
     return float((staleness + 1) ** (-float(a)))
 
 
+def _through_momentum(trainer: Trainer, w: int, g: torch.Tensor) -> torch.Tensor:
+    """Worker ``w``'s momentum row for gradient ``g`` (as DSGD: ``m_0 = 0``, so the first is ``(1 - b) g``)."""
+    m, b = trainer.momentum[w], trainer.worker_momentum
+    return (1.0 - b) * g if m is None else b * m + (1.0 - b) * g
+
+
 class AsyncSGD(Protocol):
     """Bounded-staleness asynchronous robust SGD on a seeded virtual clock.
 
@@ -195,13 +201,11 @@ class AsyncSGD(Protocol):
 
     def _start_job(self, trainer: Trainer, w: int, step: int) -> tuple[torch.Tensor, float]:
         g, loss = trainer.worker_gradient(w, step)
+        if trainer.worker_momentum > 0:
+            g = _through_momentum(trainer, w, g)
+            trainer.momentum[w] = g
         if trainer.measure_bias:
             self._fresh[w] = g
-        if trainer.worker_momentum > 0:  # as DSGD: m_0 = 0, so the first job submits (1 - b) g
-            m = trainer.momentum[w]
-            b = trainer.worker_momentum
-            g = (1.0 - b) * g if m is None else b * m + (1.0 - b) * g
-            trainer.momentum[w] = g
         return g, loss
 
     def _info(self, trainer: Trainer, up: Update) -> dict[str, Any]:
@@ -262,10 +266,13 @@ class AsyncSGD(Protocol):
         """The mean ``(d,)`` float64 of every honest worker's fresh gradient at the current parameters
         (``None`` unless this process hosts every worker, i.e. simulated mode).
 
-        A worker whose job started on these parameters contributes that job's gradient (before
-        momentum); any other honest worker's is computed on the batch it would draw next, with its
-        data position, its RNG stream and the process's RNG restored afterwards, so measuring
-        does not change the run. The bias against it measures staleness and partial participation.
+        "Fresh" is the row the worker would submit if its job started now: a worker whose job did
+        start on these parameters contributes that row; any other honest worker's gradient is
+        computed on the batch it would draw next (through its momentum buffer, which is left
+        as it is), with its data position, its RNG stream and the process's RNG restored
+        afterwards, so measuring does not change the run. This is :class:`~robustagg.protocols.DSGD`'s
+        reference when every update is synchronous; the bias against it measures staleness and
+        partial participation.
         """
         n = trainer.comm.world_size
         if sorted(trainer.comm.local_ranks) != list(range(n)):
@@ -282,6 +289,8 @@ class AsyncSGD(Protocol):
                 g, _ = trainer.worker_gradient(w, plan.step)
                 trainer.samplers[w].load_state_dict(pos)
                 trainer.worker_rng[w] = rng
+                if trainer.worker_momentum > 0:  # what it would submit now (its buffer untouched)
+                    g = _through_momentum(trainer, w, g)
             rows.append(g.to(torch.float64))
         torch.set_rng_state(saved)
         return torch.stack(rows).mean(dim=0)
