@@ -27,7 +27,8 @@ def polynomial_staleness(staleness: int, a: float) -> float:
     "Asynchronous Federated Optimization" (2019), section 5 (``s_a``).
 
     Args:
-        staleness: ``delta >= 0`` (updates). a: the exponent ``a >= 0`` (0: no down-weighting).
+        staleness: ``delta >= 0`` (updates).
+        a: the exponent ``a >= 0`` (0: no down-weighting).
 
     Returns:
         the weight in ``(0, 1]`` (1 for a fresh row).
@@ -89,8 +90,14 @@ class AsyncSGD(Protocol):
         staleness_weight: ``none`` | ``inverse`` | ``drop_above`` (above).
         staleness_a: the exponent ``a >= 0`` of ``inverse``.
         drop_threshold: the ``b >= 0`` of ``drop_above`` (required there).
-        delay, min_delay, max_delay, delays, slow_workers, slow_factor, byzantine_delay: the
-            :class:`~robustagg.protocols.schedule.DelayModel` (ticks).
+        delay: ``uniform`` | ``fixed``: the kind of
+            :class:`~robustagg.protocols.schedule.DelayModel` (all durations in ticks).
+        min_delay: the smallest ``uniform`` duration (``>= 1``).
+        max_delay: the largest ``uniform`` duration (``>= min_delay``).
+        delays: ``fixed``: one duration per worker (``n`` entries).
+        slow_workers: stragglers (worker ranks): their durations are ``slow_factor`` times longer.
+        slow_factor: integer ``>= 1``.
+        byzantine_delay: ``None`` or the duration of every Byzantine job (1: always first).
 
     Raises:
         ConfigError: a setting out of range, naming ``protocol.<key>`` (more in :meth:`check`).
@@ -162,7 +169,12 @@ class AsyncSGD(Protocol):
                               f"{rule.violations(bad[0])[0]}. Use {fix}.")
 
     def bind(self, trainer: Trainer) -> None:
-        """Build the schedule for the trainer's ``n``, seed and Byzantine workers (fresh state)."""
+        """Build the schedule for the trainer's ``n``, seed and Byzantine workers (fresh state).
+
+        Raises:
+            ConfigError: as :meth:`check`, for the trainer's ``n`` and rule.
+        """
+        self.check(n=trainer.comm.world_size, rule=trainer.reduction.rule)
         byz = trainer.byzantine
         ranks = tuple(int(r) for r in byz.ranks) if byz is not None else ()
         self._byzantine = ranks

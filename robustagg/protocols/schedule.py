@@ -51,7 +51,8 @@ class DelayModel:
             ``[min_delay, max_delay]``, drawn from ``mix_seed(seed, w, j)`` (independent of every
             other draw and of how workers are spread over processes); ``fixed``: always
             ``delays[w]``.
-        min_delay, max_delay: the range of ``uniform`` (ticks, ``1 <= min_delay <= max_delay``).
+        min_delay: the smallest duration of ``uniform`` (ticks, ``>= 1``).
+        max_delay: the largest duration of ``uniform`` (ticks, ``>= min_delay``).
         delays: ``fixed``: one duration per worker (ticks, each ``>= 1``).
         slow_workers: stragglers: their honest durations are multiplied by ``slow_factor``.
         slow_factor: integer ``>= 1``.
@@ -156,6 +157,12 @@ class StalenessSchedule:
 
     Raises:
         ConfigError: a value out of range, naming ``protocol.<key>``.
+
+    Example:
+        >>> s = StalenessSchedule(3, max_staleness=1, min_arrivals=1,
+        ...                       delays=DelayModel(kind="fixed", delays=(1, 2, 3)))
+        >>> [(u.time, u.members, u.staleness, u.discarded) for u in (s.advance(), s.advance(), s.advance())]
+        [(1, (0,), {0: 0}, ()), (2, (0, 1), {0: 0, 1: 1}, ()), (3, (0,), {0: 0}, (2,))]
     """
 
     def __init__(self, n: int, *, max_staleness: int, min_arrivals: int, delays: DelayModel,
