@@ -219,3 +219,11 @@ def test_sigkill_mid_run_resumes_the_async_schedule_and_rows_in_flight_bit_for_b
         for key in keys:
             assert_state_equal(sa[key], sb[key], f"{part}:{key}")
     assert _records(tmp_path / "crash")[-1]["round/virtual_time"] == _records(tmp_path / "ref")[-1]["round/virtual_time"]
+
+
+@pytest.mark.parametrize("rule", ["mean", "trimmed_mean", "coordinate_median", "krum"])
+def test_every_cell_of_the_staleness_sweep_passes_the_checks_before_launch(rule):
+    cfg = _cfg("+experiment=staleness_vs_bias", f"+experiment/rule={rule}", "attack=alie", "protocol.max_staleness=4")
+    plan = validate(cfg)
+    assert plan.cfg["protocol"]["min_arrivals"] == 7 and plan.cfg["trainer"]["measure_bias"] is True
+    assert plan.rule_name == rule

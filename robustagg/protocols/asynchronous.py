@@ -5,11 +5,12 @@ See :class:`AsyncSGD` and :mod:`robustagg.protocols.schedule` (the delay model a
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, ClassVar, Optional, Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import AssumptionError, AssumptionWarning, ConfigError
 from .base import Protocol, RoundPlan, Trainer
 from .schedule import DelayModel, StalenessSchedule, Update, _int_at_least, as_tuple
 
@@ -34,6 +35,22 @@ def polynomial_staleness(staleness: int, a: float) -> float:
         the weight in ``(0, 1]`` (1 for a fresh row).
     """
     return float((staleness + 1) ** (-float(a)))
+
+
+def _refusal(rule: "Aggregator", m: int) -> str:
+    """The rule's refusal of ``m`` rows (``""``: accepted), exactly as its call would decide it:
+    a strict rule refuses a hard violation; an advisory one (the mean's ``f = 0``) or a rule with
+    ``strict=False`` only warns."""
+    saved = list(rule.last_violations)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", AssumptionWarning)
+            rule.check(m)
+        return ""
+    except AssumptionError as exc:
+        return str(exc)
+    finally:
+        rule.last_violations = saved
 
 
 def _through_momentum(trainer: Trainer, w: int, g: torch.Tensor) -> torch.Tensor:
@@ -160,13 +177,14 @@ class AsyncSGD(Protocol):
         """
         StalenessSchedule(n, delays=self._delays(()), **self._schedule_args)
         m0 = int(self._schedule_args["min_arrivals"])
-        bad = [m for m in range(m0, n + 1) if rule.violations(m)]
-        if bad and rule.strict:
-            ok = [m for m in range(1, n + 1) if all(not rule.violations(k) for k in range(m, n + 1))]
+        refusals = {m: _refusal(rule, m) for m in range(1, n + 1)}
+        bad = [m for m in range(m0, n + 1) if refusals[m]]
+        if bad:
+            ok = [m for m in range(1, n + 1) if not any(refusals[k] for k in range(m, n + 1))]
             fix = f"protocol.min_arrivals>={ok[0]}" if ok else f"a rule whose requirement holds for {m0}..{n} rows"
             raise ConfigError(f"protocol.min_arrivals={m0}: an update may aggregate as few as {m0} rows, and the "
-                              f"rule {rule.name} (f={rule.f}) fails its requirement with {bad[0]} rows: "
-                              f"{rule.violations(bad[0])[0]}. Use {fix}.")
+                              f"rule {rule.name} (f={rule.f}) refuses {bad[0]} rows: {refusals[bad[0]]} "
+                              f"Use {fix}.")
 
     def bind(self, trainer: Trainer) -> None:
         """Build the schedule for the trainer's ``n``, seed and Byzantine workers (fresh state).
