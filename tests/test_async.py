@@ -143,6 +143,9 @@ def test_inverse_weights_scale_rows_by_the_polynomial_staleness_and_drop_above_d
     (["protocol.min_delay=3", "protocol.max_delay=2"], "protocol.max_delay"),
     (["protocol.slow_workers=[10]"], "protocol.slow_workers"),
     (["protocol.byzantine_delay=0"], "protocol.byzantine_delay"),
+    (["protocol.slow_factor=0"], "protocol.slow_factor"),
+    (["protocol.drop_threshold=2"], "protocol.drop_threshold=2 has no effect"),
+    (["protocol.delays=[1,1,1,1,1,1,1,1,1,1]"], "protocol.delays is read by protocol.delay=fixed only"),
     (["trainer.on_failure=shrink"], "trainer.on_failure=restart"),
 ])
 def test_a_bad_async_setting_is_refused_before_launch_naming_the_key(overrides, key):
@@ -180,6 +183,9 @@ def test_measuring_the_bias_does_not_change_the_run_and_records_the_obligations(
     # the early-submitting Byzantine worker (rank 4) is in every update
     assert all(r["round/byzantine"] == 1 and r["round/participants"] >= 3 for r in recs)
     assert all(sum(r[f"round/staleness_hist/{s}"] for s in range(3)) == r["round/participants"] for r in recs)
+    per_row = [{int(k.rsplit("/", 1)[1]): v for k, v in r.items() if k.startswith("round/staleness/")} for r in recs]
+    assert all(len(p) == r["round/participants"] and p[4] == 0 and max(p.values()) == r["round/staleness_max"]
+               for p, r in zip(per_row, recs))  # the Byzantine rank 4 submits first: always fresh
     assert all(r["agg/bias_vs_sync"] > 0 for r in recs) and "mean_bias_vs_sync" in b
     assert b["byzantine_submissions"] == 8 and a["max_staleness_seen"] <= 2
 

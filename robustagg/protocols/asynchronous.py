@@ -137,6 +137,13 @@ class AsyncSGD(Protocol):
             raise ConfigError(f"protocol.staleness_a must be a number >= 0; got {staleness_a!r}.")
         if staleness_weight == "drop_above" and drop_threshold is None:
             raise ConfigError("protocol.staleness_weight=drop_above needs protocol.drop_threshold (an integer >= 0).")
+        if staleness_weight != "drop_above" and drop_threshold is not None:
+            raise ConfigError(f"protocol.drop_threshold={drop_threshold} has no effect with "
+                              f"protocol.staleness_weight={staleness_weight}; set staleness_weight=drop_above or "
+                              "drop_threshold=null.")
+        if delay != "fixed" and delays:
+            raise ConfigError(f"protocol.delays is read by protocol.delay=fixed only (got delay={delay!r}); set "
+                              "delay=fixed or delays=null.")
         self.settings = {"max_staleness": max_staleness, "min_arrivals": min_arrivals,
                          "staleness_weight": staleness_weight, "staleness_a": float(staleness_a),
                          "drop_threshold": drop_threshold, "delay": delay, "min_delay": min_delay,
@@ -248,6 +255,7 @@ class AsyncSGD(Protocol):
             "round/participants": len(used), "round/byzantine": n_byz, "round/over_f": int(n_byz > self._rule_f),
             "round/staleness_mean": sum(stale) / len(stale), "round/staleness_max": max(stale),
             "round/discarded": len(up.discarded) + len(up.members) - len(used), "round/virtual_time": up.time}
+        info.update({f"round/staleness/{w}": up.staleness[w] for w in used})
         tau = int(self._schedule_args["max_staleness"])
         for s in range(tau + 1):
             info[f"round/staleness_hist/{s}"] = stale.count(s)
