@@ -165,9 +165,10 @@ class AsyncSGD(Protocol):
         self.schedule: Optional[StalenessSchedule] = None
         #: hosted worker -> (row in flight, its batch loss): computed when its job started.
         self.pending: dict[int, tuple[torch.Tensor, float]] = {}
-        #: hosted worker -> its raw gradient at this step's parameters (jobs started now; for the bias).
+        #: hosted worker -> the row its job started at this step computed (for the bias reference).
         self._fresh: dict[int, torch.Tensor] = {}
         self._rule_f = 0
+        self._byzantine: tuple[int, ...] = ()
 
     def _delays(self, byzantine: tuple[int, ...], seed: int = 0) -> DelayModel:
         return DelayModel(byzantine=byzantine, seed=seed, **self._delay_args)
@@ -178,9 +179,9 @@ class AsyncSGD(Protocol):
 
         Raises:
             ConfigError: ``min_arrivals`` outside ``[1, n]``, ``delays`` not of length ``n``, a slow
-                worker out of range, or (``rule.strict``) a number of rows in ``[min_arrivals, n]``
-                for which the rule's requirement fails (the message names the smallest valid
-                ``protocol.min_arrivals``).
+                worker out of range, or a number of rows in ``[min_arrivals, n]`` that the rule
+                refuses (a hard requirement under ``strict``; the message names the smallest
+                valid ``protocol.min_arrivals``).
         """
         StalenessSchedule(n, delays=self._delays(()), **self._schedule_args)
         m0 = int(self._schedule_args["min_arrivals"])
