@@ -224,7 +224,8 @@ def test_sigkill_mid_run_resumes_the_async_schedule_and_rows_in_flight_bit_for_b
         keys = ("model", "optimizer", "protocol", "step") if part == "replicated.pt" else ("workers",)
         for key in keys:
             assert_state_equal(sa[key], sb[key], f"{part}:{key}")
-    assert _records(tmp_path / "crash")[-1]["round/virtual_time"] == _records(tmp_path / "ref")[-1]["round/virtual_time"]
+    last = [_records(tmp_path / run)[-1]["round/virtual_time"] for run in ("crash", "ref")]
+    assert last[0] == last[1]
 
 
 @pytest.mark.parametrize("rule", ["mean", "trimmed_mean", "coordinate_median", "krum"])
@@ -233,3 +234,16 @@ def test_every_cell_of_the_staleness_sweep_passes_the_checks_before_launch(rule)
     plan = validate(cfg)
     assert plan.cfg["protocol"]["min_arrivals"] == 7 and plan.cfg["trainer"]["measure_bias"] is True
     assert plan.rule_name == rule
+
+
+def test_drop_above_keeps_stale_rows_out_of_the_rule_in_a_run(tmp_path):
+    train(_cfg("threat.n=5", "threat.f=1", "aggregator=trimmed_mean", "attack=none", "trainer.steps=12",
+               "trainer.mode=simulated", "protocol=async", "protocol.max_staleness=3", "protocol.min_arrivals=3",
+               "protocol.staleness_weight=drop_above", "protocol.drop_threshold=0", "protocol.max_delay=5"),
+          out_dir=tmp_path, quiet=True)
+    recs = _records(tmp_path)
+    assert all(r["round/staleness_max"] == 0 and r["round/participants"] >= 3 for r in recs)
+    assert sum(r["round/discarded"] for r in recs) > 0  # stale rows arrived and were left out
+    # every row the rule weighed is one of the fresh ones
+    assert all({k.rsplit("/", 1)[1] for k in r if k.startswith("agg/honest_weight/")}
+               == {k.rsplit("/", 1)[1] for k in r if k.startswith("round/staleness/")} for r in recs)
