@@ -5,6 +5,7 @@ See :class:`AsyncSGD` and :mod:`robustagg.protocols.schedule` (the delay model a
 
 from __future__ import annotations
 
+import enum
 import warnings
 from typing import TYPE_CHECKING, Any, ClassVar, Optional, Sequence
 
@@ -18,9 +19,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..aggregators.base import Aggregator
     from ..distributed.reduction import Reduced, Transform
 
-__all__ = ["AsyncSGD", "STALENESS_WEIGHTS", "polynomial_staleness"]
+__all__ = ["AsyncSGD", "StalenessWeight", "polynomial_staleness"]
 
-STALENESS_WEIGHTS = ("none", "inverse", "drop_above")
+
+class StalenessWeight(str, enum.Enum):
+    """What the server does with a row's staleness before the rule (``protocol.staleness_weight``).
+
+    ``none``: nothing. ``inverse``: scale by :func:`polynomial_staleness`. ``drop_above``: leave
+    out rows staler than ``protocol.drop_threshold``.
+    """
+
+    none = "none"
+    inverse = "inverse"
+    drop_above = "drop_above"
 
 
 def polynomial_staleness(staleness: int, a: float) -> float:
@@ -125,19 +136,24 @@ class AsyncSGD(Protocol):
     #: the schedule is over a fixed n: no elastic shrink (refused before launch).
     shrinkable: ClassVar[bool] = False
 
-    def __init__(self, *, max_staleness: int = 4, min_arrivals: int = 1, staleness_weight: str = "none",
+    def __init__(self, *, max_staleness: int = 4, min_arrivals: int = 1,
+                 staleness_weight: "str | StalenessWeight" = "none",
                  staleness_a: float = 0.5, drop_threshold: Optional[int] = None, delay: str = "uniform",
                  min_delay: int = 1, max_delay: int = 4, delays: Optional[Sequence[int]] = None,
                  slow_workers: Optional[Sequence[int]] = None, slow_factor: int = 1,
                  byzantine_delay: Optional[int] = None) -> None:
-        if staleness_weight not in STALENESS_WEIGHTS:
-            raise ConfigError(f"protocol.staleness_weight must be one of {', '.join(STALENESS_WEIGHTS)}; "
-                              f"got {staleness_weight!r}.")
+        try:
+            weighting = StalenessWeight(staleness_weight)
+        except ValueError:
+            allowed = ", ".join(w.value for w in StalenessWeight)
+            raise ConfigError(f"protocol.staleness_weight must be one of {allowed}; got {staleness_weight!r}.") from None
+        staleness_weight = weighting.value
         if isinstance(staleness_a, bool) or not isinstance(staleness_a, (int, float)) or not staleness_a >= 0:
             raise ConfigError(f"protocol.staleness_a must be a number >= 0; got {staleness_a!r}.")
-        if staleness_weight == "drop_above" and drop_threshold is None:
+        drops = weighting is StalenessWeight.drop_above
+        if drops and drop_threshold is None:
             raise ConfigError("protocol.staleness_weight=drop_above needs protocol.drop_threshold (an integer >= 0).")
-        if staleness_weight != "drop_above" and drop_threshold is not None:
+        if not drops and drop_threshold is not None:
             raise ConfigError(f"protocol.drop_threshold={drop_threshold} has no effect with "
                               f"protocol.staleness_weight={staleness_weight}; set staleness_weight=drop_above or "
                               "drop_threshold=null.")
@@ -148,19 +164,19 @@ class AsyncSGD(Protocol):
                          "staleness_weight": staleness_weight, "staleness_a": float(staleness_a),
                          "drop_threshold": drop_threshold, "delay": delay, "min_delay": min_delay,
                          "max_delay": max_delay, "byzantine_delay": byzantine_delay, "slow_factor": slow_factor}
-        self.weighting = staleness_weight
+        self.weighting = weighting
         self.a = float(staleness_a)
         self._delay_args: dict[str, Any] = {"kind": delay, "min_delay": min_delay, "max_delay": max_delay,
                                             "delays": as_tuple(delays) or None, "slow_workers": as_tuple(slow_workers),
                                             "slow_factor": slow_factor, "byzantine_delay": byzantine_delay}
         self._schedule_args: dict[str, Any] = {
             "max_staleness": max_staleness, "min_arrivals": min_arrivals,
-            "drop_above": drop_threshold if staleness_weight == "drop_above" else None}
+            "drop_above": drop_threshold if drops else None}
         # every value checked now; the n-dependent ones in check (before launch) and bind
         self._delays(())
         _int_at_least(max_staleness, 0, "max_staleness")
         _int_at_least(min_arrivals, 1, "min_arrivals")
-        if staleness_weight == "drop_above":
+        if drops:
             _int_at_least(drop_threshold, 0, "drop_threshold")
         self.schedule: Optional[StalenessSchedule] = None
         #: hosted worker -> (row in flight, its batch loss): computed when its job started.
@@ -278,7 +294,7 @@ class AsyncSGD(Protocol):
         """``inverse``: scale each row by :func:`polynomial_staleness`; ``drop_above``: drop the rows
         staler than ``drop_threshold``; ``none``: ``None``."""
         stale = dict(plan.staleness)
-        if self.weighting == "inverse":
+        if self.weighting is StalenessWeight.inverse:
             a = self.a
 
             def weigh(x: torch.Tensor, ranks: list[int], sums: list[int]) -> tuple[torch.Tensor, list[int]]:
@@ -286,7 +302,7 @@ class AsyncSGD(Protocol):
                 return x * w[:, None], list(ranks)
 
             return weigh
-        if self.weighting == "drop_above":
+        if self.weighting is StalenessWeight.drop_above:
             b = int(self._schedule_args["drop_above"])
 
             def drop(x: torch.Tensor, ranks: list[int], sums: list[int]) -> tuple[torch.Tensor, list[int]]:

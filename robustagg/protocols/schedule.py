@@ -24,15 +24,21 @@ parameter history is kept.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import ConfigError
 from ..training.sampler import mix_seed
 
-__all__ = ["DelayModel", "Update", "StalenessSchedule", "DELAY_KINDS"]
+__all__ = ["DelayKind", "DelayModel", "Update", "StalenessSchedule"]
 
-DELAY_KINDS = ("uniform", "fixed")
+
+class DelayKind(str, enum.Enum):
+    """How job durations are drawn (``protocol.delay``); see :class:`DelayModel`."""
+
+    uniform = "uniform"
+    fixed = "fixed"
 _TAG = 0xA5C0  # separates the delay stream from the other streams derived from the run's seed
 
 
@@ -65,7 +71,7 @@ class DelayModel:
         ConfigError: a value outside the ranges above, naming ``protocol.<key>``.
     """
 
-    kind: str = "uniform"
+    kind: "str | DelayKind" = DelayKind.uniform
     min_delay: int = 1
     max_delay: int = 4
     delays: Optional[tuple[int, ...]] = None
@@ -76,13 +82,16 @@ class DelayModel:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in DELAY_KINDS:
-            raise ConfigError(f"protocol.delay must be one of {', '.join(DELAY_KINDS)}; got {self.kind!r}.")
+        try:
+            object.__setattr__(self, "kind", DelayKind(self.kind))
+        except ValueError:
+            raise ConfigError(f"protocol.delay must be one of {', '.join(k.value for k in DelayKind)}; "
+                              f"got {self.kind!r}.") from None
         lo = _int_at_least(self.min_delay, 1, "min_delay")
         if _int_at_least(self.max_delay, 1, "max_delay") < lo:
             raise ConfigError(f"protocol.max_delay={self.max_delay} is below protocol.min_delay={lo}; "
                               "set max_delay >= min_delay.")
-        if self.kind == "fixed":
+        if self.kind is DelayKind.fixed:
             if not self.delays:
                 raise ConfigError("protocol.delay=fixed needs protocol.delays: one duration (ticks) per worker.")
             for i, d in enumerate(self.delays):
@@ -99,7 +108,7 @@ class DelayModel:
         Raises:
             ConfigError: ``delays`` not of length ``n`` or a slow worker ``>= n``.
         """
-        if self.kind == "fixed" and len(self.delays or ()) != n:
+        if self.kind is DelayKind.fixed and len(self.delays or ()) != n:
             raise ConfigError(f"protocol.delays has {len(self.delays or ())} entries for n={n} workers; give "
                               "one duration per worker.")
         bad = [w for w in self.slow_workers if w >= n]
@@ -110,7 +119,7 @@ class DelayModel:
         """Ticks taken by worker ``w``'s job ``j`` (``>= 1``)."""
         if self.byzantine_delay is not None and w in self.byzantine:
             return int(self.byzantine_delay)
-        if self.kind == "fixed":
+        if self.kind is DelayKind.fixed:
             assert self.delays is not None
             d = int(self.delays[w])
         else:
@@ -222,7 +231,7 @@ class StalenessSchedule:
 
     def _longest(self) -> int:
         d = self.delays
-        top = max(d.delays or (1,)) if d.kind == "fixed" else d.max_delay
+        top = max(d.delays or (1,)) if d.kind is DelayKind.fixed else d.max_delay
         return max(top * d.slow_factor, d.byzantine_delay or 1)
 
     def state_dict(self) -> dict[str, Any]:
