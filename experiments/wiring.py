@@ -388,6 +388,11 @@ def _protocol_checks(cfg: DictConfig, rule: Aggregator, n: int) -> list[str]:
         AssumptionError: the rule's requirement fails at the rows per update (strict).
     """
     proto = build_protocol(cfg)
+    if proto is not None:
+        proto.check(n=n, rule=rule)  # its values (protocol.<key>) and its fit to n and the rule
+        if not getattr(proto, "shrinkable", True) and str(cfg.trainer.on_failure) == "shrink":
+            raise ConfigError(f"protocol={proto.name} keeps its state over a fixed n; trainer.on_failure=shrink "
+                              "cannot run with it. Use trainer.on_failure=restart.")
     if proto is not None and proto.gathers and str(cfg.trainer.reduction) == "sharded":
         raise ConfigError(f"protocol={proto.name} needs every member's full row on every rank; use "
                           "trainer.reduction=gather (or auto).")

@@ -1,12 +1,14 @@
 """Training protocols: which submissions enter an update, what each is, how the server applies it.
 
 ``DSGD`` (synchronous data-parallel SGD) is the default; ``LocalRounds`` runs rounds of local
-training with client sampling (``protocol=local``). See :mod:`robustagg.protocols.base`
+training with client sampling (``protocol=local``); ``AsyncSGD`` (``protocol=async``) is
+bounded-staleness asynchronous SGD on a seeded virtual clock. See :mod:`robustagg.protocols.base`
 for the seam and ``docs/protocols.md`` for what each protocol guarantees and gives up.
 """
 
+from .asynchronous import AsyncSGD
 from .base import Protocol, RoundPlan
 from .dsgd import DSGD
 from .local import LocalRounds
 
-__all__ = ["Protocol", "RoundPlan", "DSGD", "LocalRounds"]
+__all__ = ["Protocol", "RoundPlan", "DSGD", "LocalRounds", "AsyncSGD"]

@@ -76,6 +76,15 @@ class Protocol(abc.ABC):
             ConfigError: the protocol cannot run with this trainer (e.g. a missing optimizer).
         """
 
+    def check(self, *, n: int, rule: Any) -> None:
+        """Called before any process starts (``experiments.wiring.validate``): refuse a setting
+        that cannot run with ``n`` workers and the configured ``rule`` (an
+        :class:`~robustagg.aggregators.base.Aggregator`). The default accepts every setting.
+
+        Raises:
+            ConfigError: naming ``protocol.<key>`` and the fix.
+        """
+
     @abc.abstractmethod
     def plan(self, trainer: Trainer, step: int) -> RoundPlan:
         """The members of update ``step`` (deterministic in the run's seed and the state; every
