@@ -49,6 +49,8 @@ def test_howto_torchrun_restart_restores_the_committed_checkpoint(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     run = tmp_path / "runs" / "torchrun-demo"
     s = json.loads((run / "summary.json").read_text())
+    # it joined torchrun's group (no processes of its own) and ran to the end
+    assert s["n"] == 2 and s["mode"] == "processes" and s["byzantine_ranks"] == []
     assert s["steps"] == 6 and s["restarts"] == 1  # TORCHELASTIC_RESTART_COUNT
     (rec,) = s["lineage"]
     assert rec["restored_from"] == 2 and rec["steps_replayed"] == [3, 3] and rec["reason"].startswith("torchrun restart 1")
@@ -58,7 +60,8 @@ def test_howto_torchrun_restart_restores_the_committed_checkpoint(tmp_path):
     # supervisor sees no evidence at all and counts both ranks as lost at an unknown step.
     ((kind, step, lost),) = [(d["kind"], d["step"], d["lost"]) for d in s["faults"]["detected"]
                              if d["kind"] != "straggler"]
-    evidence = sorted(p.name for p in (run / "evidence" / "attempt-0").iterdir())
+    archived = run / "evidence" / "attempt-0"  # archived only when some rank wrote evidence
+    evidence = sorted(p.name for p in archived.iterdir()) if archived.exists() else []
     assert kind == "fail-stop" and 1 in lost and evidence in (["rank-0.json"], [])
     if evidence:
         assert (step, lost) == (4, [1])

@@ -199,26 +199,33 @@ def test_a_resumed_run_says_where_it_resumed_and_counts_its_own_steps(tmp_path, 
 
 
 # --- stop means stop -------------------------------------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_sigterm_or_sigint_takes_a_final_checkpoint_and_the_same_command_resumes(tmp_path, sig, code):
-    args = ["run_name=stop", "trainer.steps=400", "trainer.checkpoint.every=1000", "trainer.eval_every=0"]
-    first = _cli(args, tmp_path)
-    run = tmp_path / "outputs" / "stop"
+def _interrupt(proc: subprocess.Popen, run: Path, sig: int, code: int, after: int) -> int:
+    """Send ``sig`` to the launcher once ``run`` has ``after`` train steps; check the stop; return its step."""
     deadline = time.monotonic() + 240
-    while len(_steps(run)) < 5:  # training is under way
-        assert time.monotonic() < deadline and first.poll() is None
+    while len(_steps(run)) < after:  # training is under way
+        assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
-    first.send_signal(sig)  # to the launcher only, as SLURM preemption or Ctrl-C would
-    out, err = first.communicate(timeout=240)
-    assert first.returncode == code, err[-3000:]
+    proc.send_signal(sig)  # to the launcher only, as SLURM preemption or Ctrl-C would
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == code, err[-3000:]
     m = re.search(r"interrupted at step (\d+); run the same command to resume", err)
     assert m and "Traceback" not in err, err[-3000:]
     step = int(m.group(1))
     assert (run / "checkpoints" / f"step-{step:08d}" / "manifest.json").is_file()
-    assert 5 <= step < 400 and _steps(run) == list(range(1, step + 1))
-    second = _cli(args[:1] + ["trainer.steps=" + str(step + 3)] + args[2:], tmp_path)
-    out2, err2 = second.communicate(timeout=400)
-    assert second.returncode == 0, err2[-3000:]
+    assert after <= step < 400 and _steps(run) == list(range(1, step + 1))
+    return step
+
+
+@pytest.mark.slow
+def test_sigterm_and_sigint_take_a_final_checkpoint_and_the_same_command_resumes(tmp_path):
+    # One chain of three launches: SIGTERM stops a fresh run (143), the same command resumes it and
+    # SIGINT stops the resumed run (130), then the run resumes from that final checkpoint and ends.
+    args = ["run_name=stop", "trainer.steps=400", "trainer.checkpoint.every=1000", "trainer.eval_every=0"]
+    run = tmp_path / "outputs" / "stop"
+    first = _interrupt(_cli(args, tmp_path), run, signal.SIGTERM, 143, after=5)
+    second = _interrupt(_cli(args, tmp_path), run, signal.SIGINT, 130, after=first + 5)
+    last = _cli(args[:1] + ["trainer.steps=" + str(second + 3)] + args[2:], tmp_path)
+    _, err = last.communicate(timeout=400)
+    assert last.returncode == 0, err[-3000:]
     s = json.loads((run / "summary.json").read_text())
-    assert s["resumed_from"] == step and _steps(run) == list(range(1, step + 4))
+    assert s["resumed_from"] == second and _steps(run) == list(range(1, second + 4))

@@ -1,5 +1,5 @@
-"""The command line, as a user types it: the README's first command (short), a bad configuration,
-and the torchrun path. Each test runs real subprocesses (seconds)."""
+"""The command line, as a user types it: the README's first command (short), a bad configuration.
+Each test runs real subprocesses (seconds); the torchrun path is in tests/test_resume_cli.py."""
 
 from __future__ import annotations
 
@@ -89,12 +89,6 @@ def test_a_sweep_skips_configurations_that_break_a_requirement(tmp_path):
     assert reasons[0].startswith("Krum requires n >= 2f + 3") and reasons[1].startswith("Bulyan requires n >= 4f + 3")
 
 
-def test_torchrun_joins_its_group(tmp_path):
-    pytest.importorskip("torch.distributed.run")
-    run = tmp_path / "run"
-    p = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "experiments.train",
-              "threat.n=2", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=2", "trainer.eval_every=0",
-              "logger=none", "trainer.progress=false", f"hydra.run.dir={run}"], tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    s = json.loads((run / "summary.json").read_text())
-    assert s["steps"] == 2 and s["n"] == 2 and s["mode"] == "processes"
+# torchrun: joining torchrun's group (n = 2, processes mode, the run to its last step) is checked by
+# tests/test_resume_cli.py::test_howto_torchrun_restart_restores_the_committed_checkpoint, whose one
+# torchrun launch of the same configuration also survives a crash (one launch instead of two).
