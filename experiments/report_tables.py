@@ -48,15 +48,22 @@ _HET_KEYS = ("data.partition", "data.alpha", "data.shards_per_worker", "data.imb
 
 
 def slug(text: str) -> str:
-    """A file- and key-safe form of a setting label.
+    """A file- and key-safe form of a setting label, at most 80 characters (a longer one keeps its
+    first 69 and a 10-digit hash of the whole, so distinct labels stay distinct).
 
     Example:
         >>> slug("dirichlet(a=0.1)")
         'dirichlet_a_0.1'
+        >>> len(slug("x" * 300))
+        80
     """
+    import hashlib
     import re
 
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "setting"
+    out = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "setting"
+    if len(out) > 80:
+        out = out[:69] + "_" + hashlib.sha1(text.encode()).hexdigest()[:10]
+    return out
 
 
 def order(values: Iterable[str], preferred: Sequence[str]) -> list[str]:
@@ -82,12 +89,16 @@ def setting_labels(runs: pd.DataFrame) -> pd.Series:
         return pd.Series(dtype=str)
     settings = {k: json.loads(s) for k, s in zip(runs["setting_key"], runs["setting_json"])}
     keys = sorted({k for s in settings.values() for k in s})
-    differ = [k for k in keys if k not in _HET_KEYS
-              and len({json.dumps(s.get(k), default=str) for s in settings.values()}) > 1]
+    # a key that only some settings have (a protocol's own parameters) is named only where its
+    # value varies among them; a protocol by its class name
+    differ = [k for k in keys if k not in _HET_KEYS and k != "protocol._target_"
+              and len({json.dumps(s.get(k), default=str) for s in settings.values() if s.get(k) is not None}) > 1]
+    protocols = {str(s.get("protocol._target_")) for s in settings.values()}
     labels = {}
     for sk, s in settings.items():
         het = runs.loc[runs["setting_key"] == sk, "heterogeneity"].iloc[0]
-        extra = ", ".join(f"{k}={s.get(k)}" for k in differ)
+        parts = [f"protocol={str(s.get('protocol._target_')).rsplit('.', 1)[-1]}"] if len(protocols) > 1 else []
+        extra = ", ".join(parts + [f"{k}={s.get(k)}" for k in differ if s.get(k) is not None])
         labels[sk] = f"{het}, {extra}" if extra else str(het)
     return runs["setting_key"].map(labels)
 
