@@ -6,5 +6,6 @@ for the seam and ``docs/protocols.md`` for what each protocol guarantees and giv
 
 from .base import Protocol, RoundPlan
 from .dsgd import DSGD
+from .redundant import Redundant
 
-__all__ = ["Protocol", "RoundPlan", "DSGD"]
+__all__ = ["Protocol", "RoundPlan", "DSGD", "Redundant"]
