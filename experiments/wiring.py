@@ -754,7 +754,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     plan.assumption_violated = bool(_hard_violations(rule, rows)) or b > f or (
         redundancy is not None and int(getattr(rule, "f", 0)) < redundancy[2])
     if redundancy is not None:
-        plan.notes.append("protocol=redundant: " + _redundancy_note(redundancy, n, f).strip(" ().")
+        plan.notes.append(_redundancy_note(redundancy, n, f).strip(" ()").rstrip(".")
                           + f"; the rule {rule.display_name} runs with f={getattr(rule, 'f', 0)}.")
     plan.run_id = uuid.uuid4().hex[:12]
     plan.identities = tuple(range(n))

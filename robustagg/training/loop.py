@@ -280,8 +280,9 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
                     on_detect({"kind": "straggler", **flag})
         if out.reduced.dropped and on_detect is not None:
             on_detect({"kind": "nonfinite", "step": done, "ranks": list(out.reduced.dropped), "action": "dropped"})
-        for det in out.detections if on_detect is not None else ():
-            on_detect(det)  # the protocol's own (e.g. a replica vote's disagreement)
+        if on_detect is not None:
+            for det in out.detections:  # the protocol's own (e.g. a replica vote's disagreement)
+                on_detect(det)
         rec = step_record(out, trainer)
         rec["assumption/violated"] = int(assumption_violated)
         rec["time/elapsed_s"] = time.perf_counter() - t0
