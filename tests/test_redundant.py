@@ -229,3 +229,18 @@ def test_a_sigkill_resumes_bit_for_bit(simulated, tmp_path):
               out_dir=tmp_path, quiet=True)
     assert p["restarts"] == 1 and p["resumed_from"] == 2
     assert _same(w, load_file(str(tmp_path / "model.safetensors")))
+
+
+@pytest.mark.slow
+def test_the_fault_kinds_in_real_processes_one_per_replica(tmp_path):
+    # compute_corrupt on replica 1 at step 2: outvoted and named; common_mode on group 1 at step 3:
+    # each of its three processes applies the same +1.0, the vote sees agreement and records nothing
+    p = train(_cfg(*COMMON, "attack=none", "trainer.steps=3", "trainer.mode=processes",
+                   "trainer.collective_timeout_s=300", "faults=[compute_corrupt,common_mode]",
+                   "faults.compute_corrupt.rank=1", "faults.compute_corrupt.step=2",
+                   "faults.common_mode.rank=4", "faults.common_mode.step=3"), out_dir=tmp_path, quiet=True)
+    votes = [d for d in p["faults"]["detected"] if d["kind"] == "replica_vote"]
+    assert [(d["step"], d["group"], d["agreed"], d["disagreeing"]) for d in votes] == [(2, 0, [0, 2], [1])]
+    injected = sorted((f["kind"], f["step"]) for f in p["faults"]["injected"])
+    assert injected == [("common_mode", 3)] * 3 + [("compute_corrupt", 2)]  # one record per process it hit
+    assert p["vote_disagreements"] == 1 and p["vote_no_majority"] == 0
