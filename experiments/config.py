@@ -274,7 +274,7 @@ class FaultConf:
     """One injected fault (``conf/faults/``; see :class:`robustagg.training.Fault`).
 
     Attributes:
-        kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``checkpoint_crash`` or
+        kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``compute_corrupt``, ``common_mode``, ``checkpoint_crash`` or
             ``checkpoint_corrupt``.
         rank: the worker it hits. step: the 1-based step (checkpoint kinds: the checkpoint's step).
         where, how: ``crash``: ``before_step``/``after_reduce``/``after_step``; ``sigkill``/``exit``.

@@ -97,6 +97,8 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
     plan = validate(typed, out_dir=str(out))
     for v in plan.violations:
         log.warning("assumption: %s", v)
+    for note in plan.notes:
+        log.warning("%s", note)  # the derived requirement of the protocol (e.g. replica groups)
     t0 = time.perf_counter()
     text = OmegaConf.to_yaml(OmegaConf.create(plan.cfg))
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 import robustagg as ra
@@ -269,6 +269,7 @@ class Plan:
     ckpt_dir: str = ""
     fingerprint: dict[str, Any] = field(default_factory=dict)
     code_revision: str = ""
+    notes: list[str] = field(default_factory=list)
 
     def config(self) -> DictConfig:
         """:attr:`cfg` as a DictConfig."""
@@ -417,6 +418,58 @@ def _protocol_checks(cfg: DictConfig, rule: Aggregator, n: int) -> list[str]:
                                   f"(protocol.clients_per_round): {exc} Lower aggregator.f (the per-round bound), raise "
                                   "protocol.clients_per_round, or pass strict=false.") from None
     return [f"protocol={proto.name}, {rows} rows per update: {v}" for v in found]
+
+
+def _redundancy(cfg: DictConfig, n: int, f: int) -> Optional[tuple[int, int, int]]:
+    """Under ``protocol=redundant``: ``(r, groups, floor(f / quorum))``, and the rule's derived ``f``.
+
+    The protocol node is built here (its errors name ``protocol.<key>``). Where ``aggregator.f``
+    (and ``preaggregation.f``) equals ``threat.f`` (the default interpolation, already resolved), it
+    is set to the number of groups ``f`` adversarially placed workers can take over; any other value
+    is kept (and checked by :func:`_redundancy_cover`).
+
+    Raises:
+        ConfigError: a bad ``protocol.r`` (odd, divides ``threat.n``) or other protocol key, or
+            ``trainer.reduction=sharded``.
+    """
+    node = cfg.get("protocol")
+    if node is None or not str(node.get("_target_", "")).endswith("Redundant"):
+        return None
+    from robustagg.protocols.redundant import groups_of, takeover_bound
+
+    build_protocol(cfg)
+    r = node.get("r", 3)
+    groups = len(groups_of(n, r if isinstance(r, int) else -1))
+    if str(cfg.trainer.reduction) == "sharded":
+        raise ConfigError("protocol=redundant votes on every replica's full row on every rank; use "
+                          "trainer.reduction=gather (or auto).")
+    bad = takeover_bound(f, int(r))
+    for key in ("aggregator", "preaggregation"):
+        sub = cfg.get(key)
+        if sub is not None and "f" in sub and sub.get("f") == f:  # the default ${threat.f} (resolved by now)
+            with open_dict(sub):
+                sub.f = bad
+    return int(r), groups, bad
+
+
+def _redundancy_note(red: tuple[int, int, int], n: int, f: int) -> str:
+    r, groups, bad = red
+    q = (r + 2) // 2
+    return (f" (protocol=redundant: n={n} workers in {groups} groups of r={r}, quorum {q}; f={f} Byzantine workers "
+            f"placed adversarially take over at most floor({f}/{q}) = {bad} groups, so the rule sees {groups} rows "
+            f"of which up to {bad} bad.)")
+
+
+def _redundancy_cover(rule: Aggregator, red: tuple[int, int, int], n: int, f: int, *, strict: bool) -> list[str]:
+    """The rule's ``f`` must cover the groups an adversary can take over (an explicit ``aggregator.f``)."""
+    if int(getattr(rule, "f", 0)) >= red[2]:
+        return []
+    msg = (f"aggregator.f={getattr(rule, 'f', 0)} is below the {red[2]} replica groups that threat.f={f} Byzantine "
+           f"workers can take over{_redundancy_note(red, n, f)}")
+    if strict:
+        raise AssumptionError(msg + f" Set aggregator.f={red[2]} (or leave it to ${{threat.f}}, which is derived), "
+                              "raise protocol.r, or pass strict=false to study breakdown.")
+    return [msg]
 
 
 def _threat(cfg: DictConfig) -> tuple[int, int, int, tuple[int, ...], list[str]]:
@@ -704,14 +757,19 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     n, f, b, ranks, notes = _threat(cfg)
     _trainer_checks(cfg)
     device, backend = _device(cfg)
+    redundancy = _redundancy(cfg, n, f)  # (r, groups, taken-over bound) under protocol=redundant
+    rows = n if redundancy is None else redundancy[1]
     rule = build_rule(cfg)
     _root_data_check(rule, int(cfg.server.root_samples))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AssumptionWarning)  # returned below and logged by the caller
         try:
-            violations = rule.check(n)  # raises AssumptionError under strict
+            violations = rule.check(rows)  # raises AssumptionError under strict
         except AssumptionError as exc:
-            raise AssumptionError(f"{exc}{_rows_note(rule, n)}") from None
+            note = _rows_note(rule, n) if redundancy is None else _redundancy_note(redundancy, n, f)
+            raise AssumptionError(f"{exc}{note}") from None
+    if redundancy is not None:
+        violations += _redundancy_cover(rule, redundancy, n, f, strict=bool(cfg.strict))
     violations = list(violations) + _protocol_checks(cfg, rule, n)
     attack = build_attack(cfg)
     attack_name, kind = "none", None
@@ -723,6 +781,13 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     if attack is None or b == 0:
         ranks = ()
     data = build_data(cfg.data, n=n, byzantine_ranks=ranks, seed=int(cfg.seed))
+    if redundancy is not None:  # every replica of a group holds the group's pooled shard
+        from robustagg.protocols.redundant import pool_parts
+
+        r = redundancy[0]
+        data.parts = pool_parts(data.parts, r)
+        if data.shifts is not None:
+            data.shifts = data.shifts[[w - w % r for w in range(n)]].clone()
     if kind == "data" and hasattr(attack, "poison_batch"):  # a backdoor: the target and trigger fit the data
         try:
             attack.poison_batch(data.train_x[:2], data.train_y[:2], data.num_classes)
@@ -752,8 +817,12 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     assert isinstance(container, dict)
     plan.cfg = {str(k): v for k, v in container.items()}
     plan.violations = list(violations) + notes
-    plan.assumption_violated = bool(_hard_violations(rule, n)) or b > f or any(v.startswith("protocol=")
-                                                                               for v in violations)
+    plan.assumption_violated = bool(_hard_violations(rule, rows)) or b > f or any(v.startswith("protocol=")
+                                                                                  for v in violations) or (
+        redundancy is not None and int(getattr(rule, "f", 0)) < redundancy[2])
+    if redundancy is not None:
+        plan.notes.append(_redundancy_note(redundancy, n, f).strip(" ()").rstrip(".")
+                          + f"; the rule {rule.display_name} runs with f={getattr(rule, 'f', 0)}.")
     plan.run_id = uuid.uuid4().hex[:12]
     plan.identities = tuple(range(n))
     plan.fingerprint = fingerprint(plan.cfg)

@@ -42,6 +42,10 @@ class DesyncError(IntegrityError):
     """Ranks disagree on the step id, collective sequence number, shape or an aggregate digest."""
 
 
+class ReplicaVoteError(IntegrityError):
+    """A replica group of ``protocol=redundant`` has no bit-identical majority (``on_no_majority=abort``)."""
+
+
 class CheckpointError(RobustAggError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or of an incompatible format."""
 

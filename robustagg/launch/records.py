@@ -132,6 +132,10 @@ def summary_from_records(summary: dict[str, Any], records: list[dict[str, Any]])
         summary["mean_staleness"] = mean([r.get("round/staleness_mean") for r in train])
         summary["max_staleness_seen"] = max(int(r.get("round/staleness_max", 0)) for r in train)
         summary["discarded_rows"] = int(sum(int(r.get("round/discarded", 0)) for r in train))
+    if any("vote/groups" in r for r in train):  # protocol=redundant: the replica vote
+        summary["vote_disagreements"] = int(sum(int(r.get("vote/disagreements", 0)) for r in train))
+        summary["vote_no_majority"] = int(sum(int(r.get("vote/no_majority", 0)) for r in train))
+        summary["mean_vote_groups"] = mean([r.get("vote/groups") for r in train])
     if any("agg/bias_vs_sync" in r for r in train):
         summary["mean_bias_vs_sync"] = mean([r.get("agg/bias_vs_sync") for r in train])
         summary["mean_bias_vs_sync_rel"] = mean([r.get("agg/bias_vs_sync_rel") for r in train])

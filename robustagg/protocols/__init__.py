@@ -2,7 +2,8 @@
 
 ``DSGD`` (synchronous data-parallel SGD) is the default; ``LocalRounds`` runs rounds of local
 training with client sampling (``protocol=local``); ``AsyncSGD`` (``protocol=async``) is
-bounded-staleness asynchronous SGD on a seeded virtual clock. See :mod:`robustagg.protocols.base`
+bounded-staleness asynchronous SGD on a seeded virtual clock; ``Redundant`` (``protocol=redundant``)
+votes over replica groups. See :mod:`robustagg.protocols.base`
 for the seam and ``docs/protocols.md`` for what each protocol guarantees and gives up.
 """
 
@@ -10,5 +11,6 @@ from .asynchronous import AsyncSGD
 from .base import Protocol, RoundPlan
 from .dsgd import DSGD
 from .local import LocalRounds
+from .redundant import Redundant
 
-__all__ = ["Protocol", "RoundPlan", "DSGD", "LocalRounds", "AsyncSGD"]
+__all__ = ["Protocol", "RoundPlan", "DSGD", "LocalRounds", "AsyncSGD", "Redundant"]

@@ -128,6 +128,11 @@ class Protocol(abc.ABC):
             return None
         return x[honest].to(torch.float64).mean(dim=0)
 
+    def detections(self, plan: RoundPlan) -> list[dict[str, Any]]:
+        """Detection records of this update (``{"kind", "step", ...}``; the main process writes them to
+        ``detections.jsonl``), called once after the reduction. Default: none."""
+        return []
+
     def state_dict(self) -> dict[str, Any]:
         """The replicated state (the same on every process; ``{}`` when stateless)."""
         return {}

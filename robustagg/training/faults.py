@@ -16,6 +16,8 @@ after a restore does not fire it again.
 | ``desync`` | ``mode=skip``: its collective counter jumps one ahead, as after skipping a collective; ``mode=reorder``: it announces the next step's exchange first. The header exchange catches both before any data moves |
 | ``corrupt`` | ``bits`` bits of its submission's wire frame are flipped *after* the checksum was taken (corruption in transit) |
 | ``nan`` | its submission becomes non-finite (one coordinate set to NaN) |
+| ``compute_corrupt`` | a silent error in its gradient arithmetic: one coordinate (chosen from ``(rank, step)``) gets ``+1.0`` *before* the checksum is taken, so every integrity check passes; only a replica vote (``protocol=redundant``) can catch it |
+| ``common_mode`` | the same deterministic corruption (one coordinate chosen from ``(rank, step)``, ``+1.0``) on worker ``rank`` *and every replica of its group* (:attr:`FaultInjector.peers`; a shared bug or bad input): the replicas still agree, so the vote does not catch it |
 | ``checkpoint_crash`` | it dies while writing the checkpoint of step ``step`` (``phase``: ``files`` = mid-way through its own files; ``commit`` = rank 0 after writing the manifest, before the rename that commits it) |
 | ``checkpoint_corrupt`` | after the checkpoint of step ``step`` is committed, one byte of one of its files is flipped on disk (``file``; default this rank's own ``rank-<r>.pt``) |
 
@@ -56,7 +58,8 @@ class _HasComm(Protocol):
 __all__ = ["KINDS", "Fault", "FaultInjector", "fired_faults"]
 
 #: Every fault kind, in the order of the table above.
-KINDS = ("crash", "hang", "desync", "corrupt", "nan", "checkpoint_crash", "checkpoint_corrupt")
+KINDS = ("crash", "hang", "desync", "corrupt", "nan", "compute_corrupt", "common_mode", "checkpoint_crash",
+         "checkpoint_corrupt")
 _WHERE = ("before_step", "after_reduce", "after_step", "after_commit")
 _HOW = ("sigkill", "exit")
 _EXIT_CODE = 71
@@ -99,11 +102,11 @@ class Fault:
         >>> Fault("melt", rank=0, step=1)
         Traceback (most recent call last):
         ...
-        robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt.
+        robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, checkpoint_crash, checkpoint_corrupt.
         >>> Fault("crashh", rank=0, step=1)
         Traceback (most recent call last):
         ...
-        robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt.
+        robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, checkpoint_crash, checkpoint_corrupt.
     """
 
     kind: str
@@ -147,7 +150,7 @@ class Fault:
     def describe(self) -> dict[str, Any]:
         """The options that matter for this kind, as a JSON-ready dict (with ``id``)."""
         extra = {"crash": ("where", "how"), "hang": ("seconds",), "desync": ("mode",), "corrupt": ("bits",),
-                 "nan": (), "checkpoint_crash": ("phase", "how"), "checkpoint_corrupt": ("file",)}[self.kind]
+                 "nan": (), "compute_corrupt": (), "common_mode": (), "checkpoint_crash": ("phase", "how"), "checkpoint_corrupt": ("file",)}[self.kind]
         d = asdict(self)
         return {"id": self.id, "kind": self.kind, "rank": int(self.rank), "step": int(self.step),
                 **{k: d[k] for k in extra}}
@@ -186,6 +189,10 @@ class FaultInjector:
         self.process_rank = int(process_rank)
         self.attempt = int(attempt)
         self.fired: set[str] = {str(r.get("id")) for r in fired_faults(self.log)}
+        #: ``{worker id: the worker ids of its replica group}`` (set by ``protocol=redundant``; empty:
+        #: a ``common_mode`` fault hits only its own worker).
+        self.peers: dict[int, tuple[int, ...]] = {}
+        self._common: dict[str, int] = {}  # common_mode fault id -> the step it fires at in this process
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def has(self, kind: str) -> bool:
@@ -244,13 +251,50 @@ class FaultInjector:
             time.sleep(float(f.seconds))
 
     def submission(self, step_id: int, comm_rank: int, g: torch.Tensor) -> torch.Tensor:
-        """``nan`` faults: a copy of ``g`` with one coordinate (chosen from ``(rank, step)``) set to NaN."""
-        f = self._take("nan", self._mine(comm_rank), step_id + 1)
-        if f is None:
-            return g
-        g = g.clone()
-        g.view(-1)[mix_seed(int(f.rank), int(f.step), 0x7A7) % max(1, g.numel())] = float("nan")
+        """``nan`` faults: a copy of ``g`` with one coordinate (chosen from ``(rank, step)``) set to NaN;
+        ``compute_corrupt`` and ``common_mode``: a copy with one coordinate shifted by ``+1.0``
+        (before the checksum is taken: the integrity layer cannot see it)."""
+        me = self._mine(comm_rank)
+        f = self._take("nan", me, step_id + 1)
+        if f is not None:
+            g = g.clone()
+            g.view(-1)[mix_seed(int(f.rank), int(f.step), 0x7A7) % max(1, g.numel())] = float("nan")
+        f = self._take("compute_corrupt", me, step_id + 1)
+        if f is not None:
+            g = self._shift(g, f)
+        for f in self._common_mode(me, step_id + 1):
+            g = self._shift(g, f)
         return g
+
+    @staticmethod
+    def _shift(g: torch.Tensor, f: Fault) -> torch.Tensor:
+        """A copy of ``g`` with the coordinate chosen from the fault's ``(rank, step)`` shifted by ``+1.0``:
+        the same bits from the same ``g`` on every replica."""
+        g = g.clone()
+        g.view(-1)[mix_seed(int(f.rank), int(f.step), 0xCC) % max(1, g.numel())] += 1.0
+        return g
+
+    def _common_mode(self, worker: int, step: int) -> list[Fault]:
+        """The ``common_mode`` faults that hit ``worker`` at ``step``: its own or its group's (each fires
+        once per run; every hosted replica of the group gets it at that step)."""
+        hit = []
+        for f in self.faults:
+            if f.kind != "common_mode" or int(f.step) != step:
+                continue
+            if worker != int(f.rank) and worker not in self.peers.get(int(f.rank), ()):
+                continue
+            if self._common.get(f.id) == step:
+                hit.append(f)  # fired in this process at this step: the next hosted replica gets it too
+                continue
+            if f.id in self.fired:
+                continue
+            self.fired.add(f.id)
+            self._common[f.id] = step
+            record = {**f.describe(), "attempt": self.attempt, "time": time.time(), "pid": os.getpid()}
+            if self.log is not None:
+                append_jsonl(self.log, record)
+            hit.append(f)
+        return hit
 
     def tamper(self, step_id: int, comm_rank: int, frame: torch.Tensor) -> torch.Tensor:
         """``corrupt`` faults: a copy of the ``uint8`` frame with ``bits`` bits of its body flipped.

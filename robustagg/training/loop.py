@@ -226,7 +226,8 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
             step) and once more at the end; ``None``: no checkpoints.
         stragglers: collects every rank's compute time per step (main process).
         on_detect: called (main process) with a detection record when a non-finite submission
-            is dropped or a straggler is flagged: ``{"kind", "step", "ranks"/"rank", ...}``.
+            is dropped, a straggler is flagged or the protocol reports one (``StepOutput.detections``):
+            ``{"kind", "step", "ranks"/"rank", ...}``.
 
     Stopping: a rank whose process received a stop request
     (:func:`robustagg.distributed.lifeline.request_stop`, installed as the SIGTERM/SIGINT handler
@@ -279,6 +280,9 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
                     on_detect({"kind": "straggler", **flag})
         if out.reduced.dropped and on_detect is not None:
             on_detect({"kind": "nonfinite", "step": done, "ranks": list(out.reduced.dropped), "action": "dropped"})
+        if on_detect is not None:
+            for det in out.detections:  # the protocol's own (e.g. a replica vote's disagreement)
+                on_detect(det)
         rec = step_record(out, trainer)
         rec["assumption/violated"] = int(assumption_violated)
         rec["time/elapsed_s"] = time.perf_counter() - t0

@@ -95,6 +95,8 @@ class StepOutput:
         honest_inputs: per row the rule received, whether it is honest (the protocol's view).
         bias: ``agg/bias_vs_sync`` and ``agg/bias_vs_sync_rel`` on the main process when the
             trainer measures bias and the protocol can evaluate its reference, else ``None``.
+        detections: the protocol's detection records of this update (e.g. replica-vote
+            disagreements), see :meth:`Protocol.detections <robustagg.protocols.Protocol.detections>`.
     """
 
     step: int
@@ -105,6 +107,7 @@ class StepOutput:
     plan: Optional["RoundPlan"] = None
     honest_inputs: Optional[list[bool]] = None
     bias: Optional[dict[str, float]] = None
+    detections: list[dict[str, Any]] = field(default_factory=list)
 
     def honest_mask(self) -> torch.Tensor:
         """``(len(reduced.inputs),)`` bool: True for the honest rows the rule received."""
@@ -390,7 +393,8 @@ class Trainer:
         self.current_step = None
         return StepOutput(step=step, reduced=reduced, byzantine=byz_ranks,
                           losses=[h.loss for h in reduced.headers], seconds=time.perf_counter() - t0, plan=plan,
-                          honest_inputs=proto.honest_inputs(reduced, byz_ranks), bias=bias)
+                          honest_inputs=proto.honest_inputs(reduced, byz_ranks), bias=bias,
+                          detections=proto.detections(plan))
 
     def _bias(self, plan: Any, reduced: Reduced, byz_ranks: tuple[int, ...]) -> Optional[dict[str, float]]:
         """``agg/bias_vs_sync`` (and its relative form) against the protocol's synchronous reference."""
