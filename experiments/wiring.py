@@ -275,7 +275,8 @@ class Plan:
             checkpoint_keep=int(tr.checkpoint.keep), ckpt_dir=self.ckpt_dir, resume=str(tr.resume),
             resume_changes=str(tr.resume_changes), max_restarts=int(tr.max_restarts), on_failure=str(tr.on_failure),
             shrink_shards=str(tr.shrink_shards), straggler_factor=float(tr.straggler_factor),
-            processes=int(tr.processes), measure_bias=bool(tr.measure_bias), logger=dict(self.cfg["logger"]))
+            processes=int(tr.processes), measure_bias=bool(tr.measure_bias), precision=str(tr.precision),
+            logger=dict(self.cfg["logger"]))
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}
@@ -639,6 +640,9 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     n, f, b, ranks, notes = _threat(cfg)
     _trainer_checks(cfg)
     device, backend = _device(cfg)
+    from robustagg.training.precision import parse_precision
+
+    parse_precision(cfg.trainer.precision, device=torch.device(device), allow_cpu_fp16=False)
     rule = build_rule(cfg)
     _root_data_check(rule, int(cfg.server.root_samples))
     with warnings.catch_warnings():
