@@ -398,6 +398,22 @@ def _device(cfg: DictConfig) -> tuple[str, str]:
     return dev, backend
 
 
+def _nccl_placement(cfg: DictConfig, n: int, backend: str) -> None:
+    """Refuse an NCCL run whose spawned processes outnumber the visible GPUs (NCCL >= 2.5 refuses two
+    ranks on one GPU with "Duplicate GPU detected"; checked here, before any process starts).
+    Under torchrun the launcher places the processes and this check is left to it."""
+    from robustagg.distributed import from_environment
+
+    if backend != "nccl" or Mode(cfg.trainer.mode) is not Mode.processes or from_environment() is not None:
+        return
+    procs, gpus = int(cfg.trainer.processes) or n, torch.cuda.device_count()
+    if procs > gpus:
+        raise ConfigError(f"trainer.backend=nccl needs one GPU per process (NCCL refuses two processes on one GPU); "
+                          f"this run would start {procs} processes on {gpus} GPU(s). Use trainer.processes={gpus} "
+                          f"(each process then hosts several of the {n} workers), trainer.mode=simulated, or "
+                          "trainer.backend=gloo.")
+
+
 #: The longest trainer.collective_timeout_s accepted (a day): longer is a typo, or a hang by another name.
 _MAX_TIMEOUT_S = 86400.0
 
@@ -643,6 +659,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     from robustagg.training.precision import parse_precision
 
     parse_precision(cfg.trainer.precision, device=torch.device(device), allow_cpu_fp16=False)
+    _nccl_placement(cfg, n, backend)
     rule = build_rule(cfg)
     _root_data_check(rule, int(cfg.server.root_samples))
     with warnings.catch_warnings():
