@@ -14,11 +14,11 @@
   without a GPU.
 
 **Where the cast is.** The parameters stay float32 (autocast casts copies for the matmuls), so
-their ``.grad`` is float32. :meth:`Trainer._gradient <robustagg.training.Trainer>` flattens the
-gradients and casts them with :func:`submission_dtype` (float32 under bf16 and fp16), then, under
-fp16, the scaler divides them by ``S`` (``GradScaler.unscale_``: a float32 multiplication by
-``1/S``) before anything leaves the worker. Every submission, the integrity checks, the robust
-rule and the optimizer therefore see unscaled float32 rows: aggregation never runs on float16
+their ``.grad`` is float32. In :meth:`Trainer._gradient <robustagg.training.Trainer>`, under fp16
+the worker's scaler first divides those gradients by ``S`` in place (``GradScaler.unscale_``: a
+float32 multiplication by ``1/S``); then the gradients are flattened and cast with
+:func:`submission_dtype` (float32 under bf16 and fp16), before anything leaves the worker.
+Every submission, the integrity checks, the robust rule and the optimizer therefore see unscaled float32 rows: aggregation never runs on float16
 values, and never on scaled ones (a rule on scaled rows would mix workers with different ``S``).
 
 **Why the scaler is per worker, not replicated.** ``GradScaler.step`` skips the optimizer step when

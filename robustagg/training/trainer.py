@@ -519,8 +519,9 @@ class Trainer:
             ``local`` is this process's own: ``workers`` ``{worker id: {"sampler", "momentum", "rng",
             "protocol", "scaler"}}``
             for the hosted workers (data position, momentum buffer, the worker's torch CPU RNG
-            stream, its fp16 loss scaler's ``state_dict`` or ``None``; keyed by :attr:`identities`, the rank itself unless a shrink renumbered the
-            workers), ``rng`` (process-global Python/NumPy/torch/CUDA RNG states),
+            stream, its fp16 loss scaler's ``state_dict`` or ``None``; keyed by :attr:`identities`,
+            the rank itself unless a shrink renumbered the workers), ``rng`` (process-global
+            Python/NumPy/torch/CUDA RNG states),
             ``attack`` (the injected attack's state, ``{}`` when stateless or absent) and
             ``attack_generator`` (the generator handed to the attack).
         """
