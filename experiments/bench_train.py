@@ -102,7 +102,7 @@ def build_trainer(cfg: DictConfig, out_dir: str) -> Any:
     red = make_reduction(str(s.reduction), parts.rule, comm, on_nonfinite=str(s.on_nonfinite))
     return Trainer(parts.model, parts.optimizer, red, parts.shards, batch_size=int(s.batch_size),
                    num_classes=int(parts.num_classes), seed=int(s.seed), byzantine=parts.byzantine,
-                   metrics=bool(s.metrics))
+                   metrics=bool(s.metrics), precision=str(s.precision))
 
 
 class Floor:

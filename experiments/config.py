@@ -231,6 +231,10 @@ class TrainerConf:
         measure_bias: compute ``agg/bias_vs_sync`` every update (the protocol's synchronous
             full-participation honest mean on the same parameters; extra computation, evaluated
             where the main process hosts every worker, i.e. simulated mode).
+        precision: the workers' forward pass and loss: ``32`` (float32), ``bf16`` (bfloat16
+            autocast, CPU or CUDA) or ``fp16`` (float16 autocast with a per-worker loss scaler,
+            CUDA only). Submissions, aggregation and the optimizer stay float32
+            (:mod:`robustagg.training.precision`).
     """
 
     mode: Mode = Mode.processes
@@ -267,6 +271,7 @@ class TrainerConf:
     straggler_factor: float = 10.0
     processes: int = 0
     measure_bias: bool = False
+    precision: str = "32"
 
 
 @dataclass

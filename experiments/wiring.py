@@ -222,7 +222,7 @@ SETTING_KEYS: dict[str, str] = {
                                    "reduction", "on_nonfinite", "metrics", "progress", "device", "backend", "threads",
                                    "start_method", "collective_timeout_s", "master_addr", "port", "resume",
                                    "resume_changes", "max_restarts", "on_failure", "shrink_shards", "straggler_factor",
-                                   "processes", "measure_bias")},
+                                   "processes", "measure_bias", "precision")},
     "seed": "seed", "checkpoint_every": "trainer.checkpoint.every", "checkpoint_keep": "trainer.checkpoint.keep",
     "ckpt_dir": "trainer.checkpoint.dir", "logger": "logger",
 }
@@ -289,8 +289,8 @@ class Plan:
             checkpoint_keep=int(tr.checkpoint.keep), ckpt_dir=self.ckpt_dir, resume=str(tr.resume),
             resume_changes=str(tr.resume_changes), max_restarts=int(tr.max_restarts), on_failure=str(tr.on_failure),
             shrink_shards=str(tr.shrink_shards), straggler_factor=float(tr.straggler_factor),
-            processes=int(tr.processes), measure_bias=bool(tr.measure_bias), logger=dict(self.cfg["logger"]),
-            key_names=SETTING_KEYS)
+            processes=int(tr.processes), measure_bias=bool(tr.measure_bias), precision=str(tr.precision),
+            logger=dict(self.cfg["logger"]), key_names=SETTING_KEYS)
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}
@@ -513,6 +513,22 @@ def _device(cfg: DictConfig) -> tuple[str, str]:
         raise ConfigError(f"trainer.backend=nccl needs CUDA tensors, but trainer.device is cpu{why}; use "
                           "trainer.backend=gloo (or auto), or trainer.device=cuda on a machine with a GPU.")
     return dev, backend
+
+
+def _nccl_placement(cfg: DictConfig, n: int, backend: str) -> None:
+    """Refuse an NCCL run whose spawned processes outnumber the visible GPUs (NCCL >= 2.5 refuses two
+    ranks on one GPU with "Duplicate GPU detected"; checked here, before any process starts).
+    Under torchrun the launcher places the processes and this check is left to it."""
+    from robustagg.distributed import from_environment
+
+    if backend != "nccl" or Mode(cfg.trainer.mode) is not Mode.processes or from_environment() is not None:
+        return
+    procs, gpus = int(cfg.trainer.processes) or n, torch.cuda.device_count()
+    if procs > gpus:
+        raise ConfigError(f"trainer.backend=nccl needs one GPU per process (NCCL refuses two processes on one GPU); "
+                          f"this run would start {procs} processes on {gpus} GPU(s). Use trainer.processes={gpus} "
+                          f"(each process then hosts several of the {n} workers), trainer.mode=simulated, or "
+                          "trainer.backend=gloo.")
 
 
 #: The longest trainer.collective_timeout_s accepted (a day): longer is a typo, or a hang by another name.
@@ -757,6 +773,10 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     n, f, b, ranks, notes = _threat(cfg)
     _trainer_checks(cfg)
     device, backend = _device(cfg)
+    from robustagg.training.precision import parse_precision
+
+    parse_precision(cfg.trainer.precision, device=torch.device(device), allow_cpu_fp16=False)
+    _nccl_placement(cfg, n, backend)
     redundancy = _redundancy(cfg, n, f)  # (r, groups, taken-over bound) under protocol=redundant
     rows = n if redundancy is None else redundancy[1]
     rule = build_rule(cfg)

@@ -67,6 +67,9 @@ class RunSettings:
             hosts several workers cannot be shrunk around one of them (``on_failure=shrink`` is
             refused).
         measure_bias: ``agg/bias_vs_sync`` every update (see :class:`~robustagg.training.Trainer`).
+        precision: ``"32"``, ``"bf16"`` (CPU or CUDA) or ``"fp16"`` (meant for CUDA; accepted on CPU,
+            where it is slow, and refused there by the experiment app) autocast of the workers'
+            forward pass and loss (:mod:`~robustagg.training.precision`).
         logger: ``{"name": "wandb"|"none", "project", "entity", "mode", "group", "tags"}``.
         key_names: ``{attribute: the key a user types}`` for messages (an app's configuration
             names, e.g. ``{"resume_changes": "trainer.resume_changes"}``; default: the attribute).
@@ -101,6 +104,7 @@ class RunSettings:
     straggler_factor: float = 10.0
     processes: int = 0
     measure_bias: bool = False
+    precision: str = "32"
     logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     key_names: dict[str, str] = field(default_factory=dict)
 
@@ -131,6 +135,9 @@ class RunSettings:
             raise ConfigError(f"{self.key('worker_momentum')} must be in [0, 1); got {self.worker_momentum}.")
         if self.resume == "":
             raise ConfigError(f"{self.key('resume')} must be auto, never or a checkpoint folder; got an empty string.")
+        from ..training.precision import parse_precision
+
+        parse_precision(self.precision)  # fp16 on CPU is the app's to refuse (the library runs it, for tests)
 
 
 @dataclass

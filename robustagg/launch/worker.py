@@ -103,7 +103,8 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
     trainer = Trainer(parts.model, parts.optimizer, reduction, parts.shards, batch_size=int(s.batch_size),
                       num_classes=int(parts.num_classes), seed=int(s.seed), scheduler=parts.scheduler,
                       worker_momentum=float(s.worker_momentum), byzantine=parts.byzantine, metrics=bool(s.metrics),
-                      identities=ids, injector=injector, measure_bias=bool(s.measure_bias), **extra)
+                      identities=ids, injector=injector, measure_bias=bool(s.measure_bias),
+                      precision=str(s.precision), **extra)
     comm.group_id = comm.group_id or f"{job.run_id}/attempt-{attempt.number}"
     out = Path(job.run_dir)
     main = comm.is_main

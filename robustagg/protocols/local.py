@@ -257,7 +257,7 @@ class LocalRounds(Protocol):
         losses = []
         try:
             for _ in range(self._steps[rank]):
-                _, loss = trainer._gradient(trainer.worker_batch(rank, step))
+                _, loss = trainer._gradient(trainer.worker_batch(rank, step), rank)  # under trainer.precision
                 opt.step()
                 losses.append(loss)
             trainer.worker_rng[rank] = torch.get_rng_state()

@@ -48,6 +48,7 @@ from ..distributed.reduction import Reduced, Reduction
 from ..errors import ConfigError, ShapeError
 from ..integrity import checksum
 from .byzantine import ByzantineBehaviour
+from .precision import MAX_BACKOFFS, Precision, Retry, autocast, new_scaler, parse_precision, submission_dtype
 from .sampler import ShardSampler, mix_seed
 from .state import capture_rng, restore_rng
 
@@ -130,6 +131,20 @@ def _clone(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.clone()
 
 
+def _scaler_state(scaler: Optional[torch.amp.GradScaler]) -> Optional[dict[str, Any]]:
+    return None if scaler is None else dict(scaler.state_dict())
+
+
+def _load_scaler(scaler: Optional[torch.amp.GradScaler], state: Optional[dict[str, Any]], precision: Precision,
+                 wid: int) -> None:
+    if (scaler is None) != (state is None):
+        raise ConfigError(f"worker {wid}'s checkpointed state {'has no' if state is None else 'has a'} fp16 loss "
+                          f"scaler but this trainer runs precision={precision.value}; resume with the precision "
+                          "the checkpoint was written with.")
+    if scaler is not None and state is not None:
+        scaler.load_state_dict(state)
+
+
 class Trainer:
     """Data-parallel robust training of one model by ``n`` workers, some of them Byzantine.
 
@@ -166,11 +181,15 @@ class Trainer:
             :class:`~robustagg.protocols.DSGD`: every worker, one fresh gradient per update).
         measure_bias: compute ``agg/bias_vs_sync`` every update on the main process (the
             protocol's synchronous full-participation reference; extra computation).
+        precision: ``"32"``, ``"bf16"`` or ``"fp16"``: the workers' forward pass and loss under
+            autocast, fp16 with a loss scaler per worker; submissions are float32 either way (see
+            :mod:`~robustagg.training.precision`).
 
     Raises:
         ConfigError: hosted workers and shards differ, Byzantine ranks out of range, every worker
             Byzantine, ``worker_momentum`` outside ``[0, 1)``, or ``identities`` not covering the
-            hosted workers with distinct ids.
+            hosted workers with distinct ids, an unknown ``precision``, or ``fp16`` with an
+            optimizer that does not hold every trainable parameter (the scaler unscales through it).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduction: Reduction,
@@ -180,7 +199,7 @@ class Trainer:
                  identities: Optional[Mapping[int, int]] = None, injector: Optional["FaultInjector"] = None,
                  batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
                  root: Optional[Shard] = None, protocol: Optional["Protocol"] = None,
-                 measure_bias: bool = False) -> None:
+                 measure_bias: bool = False, precision: Any = "32") -> None:
         self.comm = reduction.comm
         self.root, self.seed = root, int(seed)
         if sorted(shards) != list(self.comm.local_ranks):
@@ -225,6 +244,15 @@ class Trainer:
         self.worker_rng = {r: torch.Generator().manual_seed(mix_seed(seed, self.identities[r], 0x5EED)).get_state()
                            for r in self.shards}
         device = self.params[0].device if self.params else torch.device("cpu")
+        #: The workers' compute precision, and each hosted worker's fp16 loss scaler (else ``None``).
+        self.precision = parse_precision(precision)
+        self.scalers = {r: new_scaler(self.precision, device) for r in self.shards}
+        if self.precision is Precision.fp16:
+            held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            if any(id(p) not in held for p in self.params):
+                raise ConfigError("precision=fp16 unscales the gradients through the optimizer, which must hold every "
+                                  "trainable parameter of the model; build it over model.parameters().")
+        self._device = device
         self.attack_generator = torch.Generator(device=device)
         self.attack_generator.manual_seed(byzantine.seed if byzantine is not None else 0)
         self.injector = injector
@@ -264,17 +292,44 @@ class Trainer:
             return shard.x[idx], shard.y[idx]
         return self.samplers[r].next_batch()
 
-    def _gradient(self, batch: Any) -> tuple[torch.Tensor, float]:
-        for p in self.params:
-            p.grad = None
-        if self.batch_loss is not None:
-            loss = self.batch_loss(self.model, batch)
-        else:
-            x, y = batch
-            loss = self.loss_fn(self.model(x), y)
-        loss.backward()
-        g = flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
-        return g.detach(), float(loss.detach())
+    def _gradient(self, batch: Any, rank: Optional[int] = None) -> tuple[torch.Tensor, float]:
+        """The flattened ``(d,)`` gradient of the loss on ``batch`` and the loss.
+
+        With ``rank`` (a hosted worker) the forward pass and loss run under the trainer's
+        :attr:`precision`; the gradient is cast to float32 (:func:`~robustagg.training.precision.submission_dtype`)
+        and, under fp16, unscaled by that worker's scaler here, before it is submitted. An fp16
+        overflow (finite loss, non-finite gradient) backs the scale off and computes the gradient
+        again from the same RNG streams and buffers (:class:`~robustagg.training.precision.Retry`).
+        Without ``rank`` (the server's root gradient) it runs in full precision.
+        """
+        mixed = rank is not None and self.precision is not Precision.full
+        scaler = self.scalers.get(rank) if mixed and rank is not None else None
+        retry = Retry(self.model, self._device) if scaler is not None else None
+        dtype = submission_dtype(self.precision if mixed else Precision.full,
+                                 self.params[0].dtype if self.params else torch.float32)
+        for attempt in range(MAX_BACKOFFS + 1):
+            for p in self.params:
+                p.grad = None
+            with autocast(self.precision if mixed else Precision.full, self._device):
+                if self.batch_loss is not None:
+                    loss = self.batch_loss(self.model, batch)
+                else:
+                    x, y = batch
+                    loss = self.loss_fn(self.model(x), y)
+            if scaler is None:
+                loss.backward()
+            else:
+                scaler.scale(loss).backward()
+                scaler.unscale_(self.optimizer)  # p.grad *= 1/S in float32 (the parameters' grads are float32)
+            g = flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]).to(dtype)
+            if scaler is None:
+                return g.detach(), float(loss.detach())
+            scaler.update()  # backs off when unscale_ saw a non-finite gradient, else counts towards growth
+            if attempt == MAX_BACKOFFS or bool(torch.isfinite(g).all()) or not bool(torch.isfinite(loss.detach())):
+                return g.detach(), float(loss.detach())
+            assert retry is not None
+            retry.restore()  # the same batch, random numbers and buffers at the backed-off scale
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def worker_batch(self, rank: int, step: int) -> Any:
         """Hosted worker ``rank``'s next batch (its data position advances), poisoned when ``rank`` is
@@ -302,7 +357,7 @@ class Trainer:
         """
         batch = self.worker_batch(rank, step)
         torch.set_rng_state(self.worker_rng[rank])
-        g, loss = self._gradient(batch)
+        g, loss = self._gradient(batch, rank)
         self.worker_rng[rank] = torch.get_rng_state()
         return g, loss
 
@@ -474,10 +529,11 @@ class Trainer:
             ``last_digest`` (digest of the last aggregate, checked in the next step's headers),
             ``protocol`` (the protocol's replicated state, e.g. an asynchronous schedule).
             ``local`` is this process's own: ``workers`` ``{worker id: {"sampler", "momentum", "rng",
-            "protocol"}}``
+            "protocol", "scaler"}}``
             for the hosted workers (data position, momentum buffer, the worker's torch CPU RNG
-            stream; keyed by :attr:`identities`, the rank itself unless a shrink renumbered the
-            workers), ``rng`` (process-global Python/NumPy/torch/CUDA RNG states),
+            stream, its fp16 loss scaler's ``state_dict`` or ``None``; keyed by :attr:`identities`,
+            the rank itself unless a shrink renumbered the workers), ``rng`` (process-global
+            Python/NumPy/torch/CUDA RNG states),
             ``attack`` (the injected attack's state, ``{}`` when stateless or absent) and
             ``attack_generator`` (the generator handed to the attack).
         """
@@ -496,7 +552,8 @@ class Trainer:
             "local": {
                 "workers": {self.identities[r]: {"sampler": self.samplers[r].state_dict(),
                                                  "momentum": _clone(self.momentum[r]), "rng": self.worker_rng[r].clone(),
-                                                 "protocol": self.protocol.worker_state(r)}
+                                                 "protocol": self.protocol.worker_state(r),
+                                                 "scaler": _scaler_state(self.scalers[r])}
                             for r in self.comm.local_ranks},
                 "rng": capture_rng(),
                 "attack": byz.state_dict() if byz is not None else {},
@@ -508,7 +565,8 @@ class Trainer:
         """Restore :meth:`state_dict` output (the ``local`` part must be this process's own).
 
         Raises:
-            ConfigError: the ``local`` part is for other workers.
+            ConfigError: the ``local`` part is for other workers, or holds a loss scaler's state
+                where this trainer has none or the reverse (another ``precision``).
         """
         rep, loc = state["replicated"], state["local"]
         by_id = {w: r for r, w in self.identities.items()}
@@ -530,6 +588,7 @@ class Trainer:
             self.momentum[r] = None if w["momentum"] is None else w["momentum"].clone()
             self.worker_rng[r] = w["rng"].clone()
             self.protocol.load_worker_state(r, w.get("protocol") or {})
+            _load_scaler(self.scalers[r], w.get("scaler"), self.precision, int(wid))
         restore_rng(loc["rng"])
         if self.byzantine is not None:
             self.byzantine.load_state_dict(loc.get("attack") or {})
