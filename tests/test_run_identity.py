@@ -141,3 +141,20 @@ def test_check_resume_says_what_it_found(n4_run, tmp_path):
     (bad / "step-00000004" / "manifest.json").write_text("{not json")
     found = check_resume(bad, fp, record=False)
     assert found.checkpoint == "step-00000002" and found.rejected[0][0] == "step-00000004"
+
+
+def test_a_checkpoint_older_than_a_new_key_resumes_when_the_key_keeps_its_default():
+    # fingerprints written before the protocol seam, trainer.processes and trainer.precision existed
+    from omegaconf import OmegaConf
+
+    from robustagg.launch.identity import INTRODUCED, diff_fingerprints, fingerprint
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["logger=none"])
+    new = fingerprint(OmegaConf.to_container(cfg, resolve=True))
+    old = {k: v for k, v in new.items() if k not in INTRODUCED}
+    assert set(INTRODUCED) <= set(new) and diff_fingerprints(old, new) == {}
+    changed = {**new, "trainer.processes": 2, "protocol._target_": "robustagg.protocols.LocalRounds"}
+    assert diff_fingerprints(old, changed) == {"trainer.processes": (0, 2),
+                                               "protocol._target_": ("robustagg.protocols.DSGD",
+                                                                     "robustagg.protocols.LocalRounds")}

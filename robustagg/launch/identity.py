@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Optional
 from ..checkpoint import CheckpointStore
 from ..errors import ConfigError
 
-__all__ = ["EXCLUDED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
+__all__ = ["EXCLUDED", "INTRODUCED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
            "diff_fingerprints"]
 
 #: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
@@ -93,9 +93,30 @@ def code_revision() -> str:
         return f"robustagg {getattr(ra, '__version__', 'unknown')}"
 
 
+#: Keys added to the configuration after checkpoints were already being written, with the value that
+#: gives the trajectory those older runs had: a checkpoint whose fingerprint lacks one is compared as
+#: if it held that value (so an old run resumes under new code when the new key keeps its default,
+#: and is refused, naming the key, when it does not).
+INTRODUCED: dict[str, Any] = {
+    "protocol._target_": "robustagg.protocols.DSGD",  # the protocol seam (issue 15): dsgd was the only trainer
+    "trainer.processes": 0,                             # one process per worker
+    "trainer.precision": "32",                          # float32 forward passes
+}
+
+
 def diff_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{key: (checkpoint value, current value)}`` for every key whose values differ (missing: ``"<absent>"``)."""
+    """``{key: (checkpoint value, current value)}`` for every key whose values differ (missing: ``"<absent>"``).
+
+    A key of :data:`INTRODUCED` that the checkpoint (``old``) lacks counts as its historical value.
+
+    Example:
+        >>> diff_fingerprints({"a": 1}, {"a": 1, "trainer.processes": 0})
+        {}
+        >>> diff_fingerprints({"a": 1}, {"a": 1, "trainer.processes": 4})
+        {'trainer.processes': (0, 4)}
+    """
     absent = "<absent>"
+    old = {**{k: v for k, v in INTRODUCED.items() if k not in old and k in new}, **old}
     keys = sorted(set(old) | set(new))
     return {k: (old.get(k, absent), new.get(k, absent)) for k in keys if old.get(k, absent) != new.get(k, absent)}
 
