@@ -55,6 +55,10 @@ def test_own_script_restarts_shrinks_and_resumes(tmp_path):
                            text=True, timeout=400)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resume: found step-00000030" in again.stderr
+    # ... with the membership the checkpoint committed (5 workers after the shrink), not the configured 6
+    out2 = json.loads((run / "summary.json").read_text())
+    assert (out2["n"], out2["workers"], out2["steps_this_run"], out2["restarts"]) == (5, [0, 1, 3, 4, 5], 0, 0)
+    assert not list((run / "checkpoints").glob("*rejected*")), "a committed checkpoint was set aside"
     # a changed experiment on the same run directory is refused before any process starts
     script.write_text(_script().replace('"lr": 1e-2', '"lr": 1e-3'))
     bad = subprocess.run([sys.executable, str(script), str(run)], cwd=tmp_path, env=ENV, capture_output=True,

@@ -111,7 +111,43 @@ def prepare(job: Job, *, restarted: bool = False) -> tuple[Job, Attempt, str]:
     found = check_resume(ckpt, job.fingerprint, resume_changes=s.resume_changes)
     if found.changes:
         attempt.changes = {k: [a, b] for k, (a, b) in found.changes.items()}
+    if found.checkpoint is not None:
+        job = committed_membership(job, ckpt / found.checkpoint)
     return job, attempt, found.message
+
+
+def committed_membership(job: Job, checkpoint: Path) -> Job:
+    """``job`` with the membership ``checkpoint`` committed: the lineage's shrinks replayed in order.
+
+    A run that shrank (``on_failure="shrink"``) and was then stopped resumes, under the same
+    command, with the workers its newest checkpoint holds, not the configured n: the membership is
+    a committed fact. Each ``shrink`` record of ``lineage.jsonl`` is applied with
+    :func:`~robustagg.launch.job.shrink_job` (the same data redistribution, roles and
+    requirement check as at the time) until the membership equals the checkpoint's.
+
+    Raises:
+        ConfigError: the checkpoint's workers cannot be reached by the recorded shrinks (a folder
+            of another run, or a lineage that was edited).
+        AssumptionError: the rule's requirement fails for the committed membership (strict rules).
+    """
+    try:
+        manifest = json.loads((checkpoint / "manifest.json").read_text())
+        members = [int(w) for w in manifest["identities"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return job  # no membership recorded (older checkpoints): the configured one
+    if members == list(job.identities):
+        return job
+    for rec in CheckpointStore(checkpoint.parent).lineage():
+        if rec.get("event") != "shrink" or list(job.identities) == members:
+            continue
+        lost = [int(w) for w in rec.get("lost_workers", []) if int(w) in job.identities]
+        if lost:
+            job, _ = shrink_job(job, lost, reason=f"resumed: the membership committed in {checkpoint.name}")
+    if list(job.identities) != members:
+        raise ConfigError(f"{checkpoint} holds workers {members} but its lineage's shrinks lead from the configured "
+                          f"workers to {list(job.identities)}; resume an explicit folder of this run "
+                          "(trainer.resume=PATH) or start over (trainer.resume=never).")
+    return job
 
 
 def launch(job: Job, *, on_ready: Optional[Callable[[Job], None]] = None, quiet: bool = False) -> dict[str, Any]:
