@@ -274,12 +274,14 @@ class FaultConf:
     """One injected fault (``conf/faults/``; see :class:`robustagg.training.Fault`).
 
     Attributes:
-        kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``checkpoint_crash`` or
-            ``checkpoint_corrupt``.
+        kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``checkpoint_crash``,
+            ``checkpoint_corrupt`` or ``partition``.
         rank: the worker it hits. step: the 1-based step (checkpoint kinds: the checkpoint's step).
         where, how: ``crash``: ``before_step``/``after_reduce``/``after_step``; ``sigkill``/``exit``.
         seconds: ``hang``. mode: ``desync`` (``skip``/``reorder``). bits: ``corrupt``.
         phase: ``checkpoint_crash`` (``files``/``commit``). file: ``checkpoint_corrupt``.
+        workers: ``partition``: the worker ids cut off from the others (needs
+            ``trainer.on_failure=shrink``: the side with a strict majority continues).
     """
 
     kind: str = MISSING
@@ -292,6 +294,7 @@ class FaultConf:
     bits: int = 1
     phase: str = "files"
     file: str = ""
+    workers: List[int] = field(default_factory=list)
 
 
 @dataclass

@@ -36,6 +36,9 @@ class Attempt:
         shrink: the lineage record of the elastic shrink that preceded this start, or ``None``.
         changes: an experiment change accepted before launch (``resume_changes=allow``), recorded
             in the first restore's lineage record.
+        membership: where the committed membership lives and which epoch this start runs under,
+            ``{"host", "port", "epoch"}`` (the launcher's store; see :mod:`~robustagg.launch.quorum`),
+            or ``None`` (no membership store: ``on_failure=restart``, torchrun, simulated).
     """
 
     number: int = 0
@@ -45,6 +48,7 @@ class Attempt:
     last_step: Optional[int] = None
     shrink: Optional[dict[str, Any]] = None
     changes: Optional[dict[str, Any]] = None
+    membership: Optional[dict[str, Any]] = None
 
 
 def last_step_reached(out_dir: Path) -> int:

@@ -19,13 +19,14 @@ import torch
 
 from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl
 from ..distributed import Communicator, ShardedReduction, make_reduction
-from ..errors import AssumptionWarning, ConfigError, Interrupted
+from ..errors import AssumptionWarning, ConfigError, Interrupted, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
                         save_model, seed_everything, write_evidence, write_json)
-from ..training.faults import fired_faults
+from ..training.faults import PartitionedError, fired_faults
 from ..training.resume import FAULT_LOG
 from .job import Job, WorkerContext
+from .quorum import Membership, fmt_members
 from .records import Attempt, settle_metrics, summary_from_records
 
 __all__ = ["run_worker", "device_for"]
@@ -87,6 +88,7 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
         warm_up()  # the Gram kernel's first-call cost must not land in a timed step or a collective
     ids = {r: job.identities[r] for r in comm.local_ranks}
     store = CheckpointStore(Path(job.ckpt_dir), keep=int(s.checkpoint_keep)) if _needs_store(job) else None
+    membership = _join_membership(job, attempt, ids)
     injector = None
     if job.faults:
         injector = FaultInjector(job.faults, worker_ids=ids, log=None if store is None else store.root / FAULT_LOG,
@@ -136,8 +138,13 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
             meta = {"run_id": job.run_id, "mode": s.mode, "roles": roles, "fingerprint": job.fingerprint,
                     "config_hash": _fp_hash(job), "code_revision": job.meta.get("code_revision", ""),
                     "restart_count": attempt.number, "identities": list(job.identities)}
+            guard = None
+            if membership is not None:
+                epoch = int(membership[1])
+                meta["membership_epoch"] = epoch
+                guard = (lambda step, ms=membership[0], e=epoch: ms.claim_commit(e, step))
             checkpointer = Checkpointer(store, every=int(s.checkpoint_every), meta=meta, injector=injector,
-                                        parent=restored.checkpoint)
+                                        parent=restored.checkpoint, guard=guard)
             if restored.checkpoint is not None and restored.step == trainer.step_id:
                 checkpointer.last_saved = restored.step
         stragglers = StragglerLog(factor=float(s.straggler_factor)) if main else None
@@ -183,15 +190,63 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
     except BaseException as exc:
         if wandb_sink is not None:
             wandb_sink.failed = True
-        if not isinstance(exc, (KeyboardInterrupt, Interrupted)):  # a requested stop is not a failure
-            try:
-                write_evidence(out / "evidence", trainer, exc, attempt=attempt.number, run_id=job.run_id)
-            except Exception as ev_exc:  # evidence must never hide the failure
-                log.warning("could not write evidence: %s", ev_exc)
+        if isinstance(exc, (KeyboardInterrupt, Interrupted)):  # a requested stop is not a failure
+            raise
+        decision, lost_quorum = _decide_membership(job, membership, injector, ids, trainer, exc)
+        try:
+            more = {} if decision is None else {"quorum": decision}
+            write_evidence(out / "evidence", trainer, lost_quorum or exc, attempt=attempt.number, run_id=job.run_id,
+                           **more)
+        except Exception as ev_exc:  # evidence must never hide the failure
+            log.warning("could not write evidence: %s", ev_exc)
+        if lost_quorum is not None:
+            raise lost_quorum from exc
         raise
     finally:
         for sink in sinks:
             sink.close()
+
+
+def _join_membership(job: Job, attempt: Attempt, ids: dict[int, int]) -> Optional[tuple[Membership, int]]:
+    """Connect to the launcher's membership store; refuse to start outside the committed membership."""
+    where = attempt.membership
+    if where is None:
+        return None
+    ms = Membership.connect(str(where["host"]), int(where["port"]), timeout_s=float(job.settings.collective_timeout_s),
+                            prefix=str(where.get("prefix", "robustagg/membership")))
+    epoch = int(where["epoch"])
+    members = ms.members(epoch)
+    outside = sorted(w for w in ids.values() if w not in members)
+    if outside:
+        raise QuorumLostError(f"worker(s) {outside} are not in the committed membership {fmt_members(members)} of "
+                              f"epoch {epoch}; a worker outside it must not take part (it would split the group).")
+    return ms, epoch
+
+
+def _decide_membership(job: Job, membership: Optional[tuple[Membership, int]], injector: Optional[FaultInjector],
+                       ids: dict[int, int], trainer: Trainer, exc: BaseException
+                       ) -> tuple[Optional[dict[str, Any]], Optional[QuorumLostError]]:
+    """After a blocked collective of a partition: the quorum protocol over the store (see
+    :mod:`~robustagg.launch.quorum`). Returns ``(decision record, the error to raise if this side lost)``.
+
+    Only a partition runs it in the workers: after a crash the launcher, which reaped the dead
+    process and stops the others, decides (:func:`~robustagg.launch.quorum.next_epoch`).
+    """
+    cut = None if injector is None else injector.partition
+    if membership is None or cut is None or not isinstance(exc, PartitionedError):
+        return None, None
+    ms, epoch = membership
+    me = min(ids.values())
+    step = cut.step
+    members = ms.members(epoch)
+    try:
+        d = ms.decide(epoch, me, cut.reachable(members), step=step,
+                      wait_s=max(1.0, min(10.0, float(job.settings.collective_timeout_s))))
+    except QuorumLostError as lost:
+        reached = cut.reachable(members)
+        return {"epoch": epoch, "before": list(members), "reached": list(reached), "won": False, "step": step,
+                "message": str(lost)}, lost
+    return d.as_dict(), None
 
 
 def _fp_hash(job: Job) -> str:

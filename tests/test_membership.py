@@ -1,0 +1,224 @@
+"""Membership that cannot split: epochs changed only by a strict majority, commits fenced by the store.
+
+Unit tests drive :class:`robustagg.launch.quorum.Membership` on an in-process store and with real
+processes racing on a real ``TCPStore``; the end-to-end tests cut a real 6-process run 4 | 2 (the
+4 continue and commit, the 2 stop with evidence) and 3 | 3 (both stop: no strict majority).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from hydra import compose, initialize_config_dir
+
+from experiments.train import train
+from robustagg.errors import ConfigError, QuorumLostError
+from robustagg.launch.quorum import SEAL, Membership, next_epoch
+from robustagg.training import Fault
+from robustagg.training.faults import Partition
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+QUIET = ["logger=none", "trainer.progress=false", "trainer.eval_every=0", "trainer.param_check_every=0",
+         "trainer.batch_size=8", "trainer.reduction=gather", "trainer.collective_timeout_s=60", "data=synthetic"]
+SIX = (0, 1, 2, 3, 4, 5)
+
+
+def _store() -> Membership:
+    ms = Membership(dist.HashStore())
+    ms.install(SIX)
+    return ms
+
+
+# --- the rule, in one process --------------------------------------------------------------------------
+def test_only_a_strict_majority_may_propose_the_next_epoch():
+    ms = _store()
+    with pytest.raises(QuorumLostError, match=r"cannot propose \{0, 1, 2\} of \{0, 1, 2, 3, 4, 5\}: a strict "
+                                              r"majority needs 4 members"):
+        ms.propose(0, [0, 1, 2])  # half is not a majority
+    assert ms.current() == (0, SIX)
+    assert ms.propose(0, [3, 0, 2, 1]) == (0, 1, 2, 3)
+    assert ms.current() == (1, (0, 1, 2, 3))
+    with pytest.raises(QuorumLostError, match=r"only members of epoch 1 \{0, 1, 2, 3\} decide"):
+        ms.propose(1, [0, 1, 4])  # a worker outside the last membership has no vote
+
+
+def test_the_first_proposal_wins_and_a_second_one_reads_it():
+    # asymmetric reachability: two overlapping majorities, both proposing; one epoch results
+    ms = _store()
+    assert ms.propose(0, [0, 1, 2, 3]) == (0, 1, 2, 3)
+    assert ms.propose(0, [2, 3, 4, 5]) == (0, 1, 2, 3)  # the store holds the first
+    assert ms.current() == (1, (0, 1, 2, 3))
+
+
+def test_commits_are_fenced_per_epoch_and_per_step():
+    ms = _store()
+    ms.claim_commit(0, 4)
+    with pytest.raises(QuorumLostError, match=r"refusing to commit step 4: it was already committed under "
+                                              r"membership epoch 0"):
+        ms.claim_commit(0, 4)
+    ms.propose(0, [0, 1, 2, 3])  # seals epoch 0
+    with pytest.raises(QuorumLostError, match=r"refusing to commit step 6: membership epoch 0 was replaced by "
+                                              r"epoch 1 \{0, 1, 2, 3\}"):
+        ms.claim_commit(0, 6)
+    ms.claim_commit(1, 6)  # the new epoch commits
+    assert int(ms.store.add(f"{ms.prefix}/fence/0", 0)) >= SEAL
+
+
+def test_next_epoch_after_a_crash_and_after_a_split_without_majority():
+    ms = _store()
+    assert next_epoch(ms, 0, [5], step=4) == (1, (0, 1, 2, 3, 4), "launcher")
+    with pytest.raises(QuorumLostError, match=r"lost quorum at step 7: \{0, 1\} of \{0, 1, 2, 3, 4\} survive "
+                                              r"\(a strict majority needs 3\)"):
+        next_epoch(ms, 1, [2, 3, 4], step=7)
+    ms2 = _store()
+    with pytest.raises(QuorumLostError, match=r"no side of the group holds a strict majority of the last committed "
+                                              r"membership \{0, 1, 2, 3, 4, 5\} at step 3 .*: side A; side B\."):
+        next_epoch(ms2, 0, [], step=3, reports=["side A", "side B", "side A"])
+    assert ms2.epoch() == 0  # nothing installed
+
+
+def test_partition_fault_options_and_sides():
+    f = Fault("partition", step=3, workers=[5, 4, 4])
+    assert f.workers == (4, 5) and f.describe()["workers"] == [4, 5]
+    with pytest.raises(ConfigError, match=r"a partition needs the worker ids it cuts off"):
+        Fault("partition", step=3)
+    with pytest.raises(ConfigError, match=r"workers is a partition option; remove it"):
+        Fault("crash", step=3, workers=[1])
+    assert Partition("p", 3, (4, 5), inside=True).reachable(SIX) == (4, 5)
+    assert Partition("p", 3, (4, 5), inside=False).reachable([0, 2, 4]) == (0, 2)
+
+
+# --- the protocol with real processes racing on one TCPStore ---------------------------------------------
+def _side(port: int, me: int, cut: tuple[int, ...], q: "mp.Queue[tuple[int, str, object]]") -> None:
+    ms = Membership(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)))
+    side = Partition("p", 3, cut, inside=me in cut).reachable(SIX)
+    try:
+        d = ms.decide(0, me, side, step=3, wait_s=60.0)
+        q.put((me, "won", list(d.after)))
+    except QuorumLostError as exc:
+        q.put((me, "lost", str(exc)))
+
+
+def _race(cut: tuple[int, ...]) -> tuple[dict[int, tuple[str, object]], Membership]:
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    ms = Membership(server)
+    ms.install(SIX)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_side, args=(server.port, w, cut, q)) for w in SIX]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in SIX:
+        me, verdict, what = q.get(timeout=120)
+        got[me] = (verdict, what)
+    for p in procs:
+        p.join(30)
+    return got, ms
+
+
+def test_six_processes_cut_4_2_install_the_four_and_stop_the_two():
+    got, ms = _race((4, 5))
+    assert {w: v for w, (v, _) in got.items()} == {0: "won", 1: "won", 2: "won", 3: "won", 4: "lost", 5: "lost"}
+    assert all(what == [0, 1, 2, 3] for v, what in got.values() if v == "won")
+    for w in (4, 5):
+        assert got[w][1].startswith("lost quorum at step 3: reached {4, 5} of {0, 1, 2, 3, 4, 5} (a strict "
+                                    "majority needs 4); this side stops and commits no checkpoint")
+    assert ms.current() == (1, (0, 1, 2, 3))
+
+
+def test_six_processes_cut_3_3_install_nothing():
+    got, ms = _race((3, 4, 5))
+    assert all(v == "lost" for v, _ in got.values())
+    assert got[0][1].startswith("lost quorum at step 3: reached {0, 1, 2} of {0, 1, 2, 3, 4, 5}")
+    assert got[5][1].startswith("lost quorum at step 3: reached {3, 4, 5} of {0, 1, 2, 3, 4, 5}")
+    assert ms.epoch() == 0
+
+
+def _claim(port: int, epoch: int, q: "mp.Queue[bool]") -> None:
+    ms = Membership(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)))
+    try:
+        ms.claim_commit(epoch, 8)
+        q.put(True)
+    except QuorumLostError:
+        q.put(False)
+
+
+def test_racing_committers_of_one_step_commit_it_once():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    Membership(server).install(SIX)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_claim, args=(server.port, 0, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    wins = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert sorted(wins) == [False, False, False, True]
+
+
+# --- a real 6-process run, partitioned ----------------------------------------------------------------------
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[*QUIET, *overrides])
+
+
+def _run(tmp_path: Path, cut: str):
+    return train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=6",
+                      "trainer.checkpoint.every=2", "faults=[partition]", f"faults.partition.workers={cut}",
+                      "faults.partition.step=3", "trainer.on_failure=shrink", "trainer.max_restarts=1"),
+                 out_dir=tmp_path / "run", quiet=True)
+
+
+def _manifests(run: Path) -> dict[int, dict]:
+    out = {}
+    for p in sorted((run / "checkpoints").glob("step-*")):
+        if p.is_dir() and (p / "manifest.json").is_file():
+            m = json.loads((p / "manifest.json").read_text())
+            out[int(m["step"])] = m
+    return out
+
+
+def test_partition_4_2_the_four_continue_and_commit_the_two_stop_with_evidence(tmp_path):
+    s = _run(tmp_path, "[4,5]")
+    run = tmp_path / "run"
+    assert (s["n"], s["workers"], s["steps"], s["restarts"]) == (4, [0, 1, 2, 3], 6, 1)
+    shrink = next(r for r in s["lineage"] if r.get("event") == "shrink")
+    assert shrink["lost_workers"] == [4, 5] and shrink["step"] == 2
+    assert shrink["membership"] == {"epoch": [0, 1], "before": list(SIX), "after": [0, 1, 2, 3],
+                                    "decided_by": "quorum",
+                                    "state_from": "disk: the newest committed checkpoint every member verifies"}
+    ev = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in (run / "evidence" / "attempt-0").glob("rank-*.json")}
+    for r in (4, 5):
+        assert ev[r]["kind"] == "quorum_lost" and ev[r]["step"] == 3
+        assert ev[r]["exception"]["message"].startswith(
+            "lost quorum at step 3: reached {4, 5} of {0, 1, 2, 3, 4, 5} (a strict majority needs 4)")
+    for r in (0, 1, 2, 3):
+        if r in ev:  # a majority member may be stopped by the launcher before it wrote evidence
+            assert ev[r]["kind"] == "partition" and ev[r]["quorum"]["won"] is True
+    # every checkpoint committed after the cut is the four's, under the new epoch; none is the two's
+    ms = _manifests(run)
+    assert sorted(ms) == [2, 4, 6]
+    assert ms[2]["identities"] == list(SIX) and ms[2]["membership_epoch"] == 0
+    for step in (4, 6):
+        assert ms[step]["identities"] == [0, 1, 2, 3] and ms[step]["membership_epoch"] == 1
+        assert ms[step]["world_size"] == 4
+
+
+def test_partition_3_3_stops_both_sides_with_a_clear_message(tmp_path):
+    with pytest.raises(QuorumLostError) as info:
+        _run(tmp_path, "[3,4,5]")
+    msg = str(info.value)
+    assert msg.startswith("no side of the group holds a strict majority of the last committed membership "
+                          "{0, 1, 2, 3, 4, 5} at step 3 (a strict majority needs 4)")
+    assert "reached {0, 1, 2} of {0, 1, 2, 3, 4, 5}" in msg and "reached {3, 4, 5} of {0, 1, 2, 3, 4, 5}" in msg
+    run = tmp_path / "run"
+    assert sorted(_manifests(run)) == [2]  # nothing was committed after the cut
+    lineage = [json.loads(x) for x in (run / "checkpoints" / "lineage.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in lineage if r.get("event") == "quorum_lost"] == ["quorum_lost"]
