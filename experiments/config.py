@@ -231,6 +231,8 @@ class TrainerConf:
         measure_bias: compute ``agg/bias_vs_sync`` every update (the protocol's synchronous
             full-participation honest mean on the same parameters; extra computation, evaluated
             where the main process hosts every worker, i.e. simulated mode).
+        rejoin: with ``on_failure=shrink``: a replacement for every lost worker id joins the
+            running group at a step boundary with the state of a live peer (the app's launcher).
     """
 
     mode: Mode = Mode.processes
@@ -267,6 +269,7 @@ class TrainerConf:
     straggler_factor: float = 10.0
     processes: int = 0
     measure_bias: bool = False
+    rejoin: bool = False
 
 
 @dataclass
@@ -275,10 +278,11 @@ class FaultConf:
 
     Attributes:
         kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``checkpoint_crash``,
-            ``checkpoint_corrupt`` or ``partition``.
+            ``checkpoint_corrupt``, ``partition`` or ``rejoin``.
         rank: the worker it hits. step: the 1-based step (checkpoint kinds: the checkpoint's step).
         where, how: ``crash``: ``before_step``/``after_reduce``/``after_step``; ``sigkill``/``exit``.
-        seconds: ``hang``. mode: ``desync`` (``skip``/``reorder``). bits: ``corrupt``.
+        seconds: ``hang``; ``rejoin``: after how long the replacement comes back.
+        mode: ``desync`` (``skip``/``reorder``). bits: ``corrupt``.
         phase: ``checkpoint_crash`` (``files``/``commit``). file: ``checkpoint_corrupt``.
         workers: ``partition``: the worker ids cut off from the others (needs
             ``trainer.on_failure=shrink``: the side with a strict majority continues).

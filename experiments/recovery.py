@@ -45,6 +45,9 @@ def check_faults(cfg: DictConfig, n: int, *, under_torchrun: bool = False) -> li
                               f"{every}, trainer.steps={steps}); use a multiple of every, or the last step.")
         if fault.kind == "partition":
             _check_partition(name, fault, n, str(tr.on_failure))
+        if fault.kind == "rejoin" and not (str(tr.on_failure) == "shrink" and bool(tr.rejoin)):
+            raise ConfigError(f"faults.{name}: a rejoin needs trainer.on_failure=shrink and trainer.rejoin=true (the "
+                              "survivors continue without the worker, then its replacement joins them).")
         faults.append(fault)
     if faults and Mode(tr.mode) is not Mode.processes:
         raise ConfigError("fault injection needs trainer.mode=processes: faults kill, stall or desynchronise real "

@@ -275,7 +275,8 @@ class Plan:
             checkpoint_keep=int(tr.checkpoint.keep), ckpt_dir=self.ckpt_dir, resume=str(tr.resume),
             resume_changes=str(tr.resume_changes), max_restarts=int(tr.max_restarts), on_failure=str(tr.on_failure),
             shrink_shards=str(tr.shrink_shards), straggler_factor=float(tr.straggler_factor),
-            processes=int(tr.processes), measure_bias=bool(tr.measure_bias), logger=dict(self.cfg["logger"]))
+            processes=int(tr.processes), measure_bias=bool(tr.measure_bias), rejoin=bool(tr.rejoin),
+            logger=dict(self.cfg["logger"]))
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}

@@ -222,3 +222,92 @@ def test_partition_3_3_stops_both_sides_with_a_clear_message(tmp_path):
     assert sorted(_manifests(run)) == [2]  # nothing was committed after the cut
     lineage = [json.loads(x) for x in (run / "checkpoints" / "lineage.jsonl").read_text().splitlines()]
     assert [r["event"] for r in lineage if r.get("event") == "quorum_lost"] == ["quorum_lost"]
+
+
+# --- grow and heal: a replacement rejoins the running group from a live peer --------------------------------
+def test_grow_job_is_the_inverse_of_shrink_and_keeps_the_joiners_role():
+    from experiments.wiring import validate
+    from robustagg.launch import grow_job, shrink_job
+
+    plan = validate(_cfg("threat.n=6", "threat.f=1", "aggregator=trimmed_mean", "attack=sign_flip",
+                         "trainer.steps=1"))
+    job = plan.job()
+    assert job.byzantine_ids == (5,)
+    small, _ = shrink_job(job, [5, 2])
+    assert small.identities == (0, 1, 3, 4) and small.byzantine_ids == ()
+    back, rec = grow_job(small, [5, 2], byzantine=[5])
+    assert back.identities == job.identities and back.byzantine_ids == (5,) and back.byzantine_ranks == (5,)
+    assert (rec["old_n"], rec["new_n"], rec["joined"], rec["effective_batch"]) == (4, 6, [2, 5], [4 * 8, 6 * 8])
+    with pytest.raises(ConfigError, match=r"worker\(s\) \[0\] are already members"):
+        grow_job(small, [0])
+    spread, _ = shrink_job(validate(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none",
+                                         "trainer.shrink_shards=redistribute", "trainer.steps=1")).job(), [5])
+    with pytest.raises(ConfigError, match=r"cannot rejoin after trainer.shrink_shards=redistribute"):
+        grow_job(spread, [5])
+
+
+def test_the_joiner_refuses_state_that_does_not_match_the_peers_manifest():
+    import io
+
+    import torch
+
+    from robustagg.errors import CheckpointError
+    from robustagg.launch.grow import _sha, receive_state
+
+    buf = io.BytesIO()
+    torch.save({"step": 3, "model": {"w": torch.arange(4.0)}}, buf)
+    payload = buf.getvalue()
+    man = {"sha256": _sha(payload), "size": len(payload), "step": 3, "from_worker": 0}
+    got = receive_state({"manifest": man, "payload": payload})
+    assert got["step"] == 3 and torch.equal(got["model"]["w"], torch.arange(4.0))
+    bad = bytearray(payload)
+    bad[len(bad) // 2] ^= 0x01  # one bit flipped in transit
+    with pytest.raises(CheckpointError, match=r"the state received from worker 0 does not match its manifest"):
+        receive_state({"manifest": man, "payload": bytes(bad)})
+
+
+class DigestLog:
+    """Test callback (every rank): after every step, its worker ids, world size, parameter and optimizer digests."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, trainer, out) -> None:
+        rec = {"step": trainer.step_id, "world": trainer.comm.world_size,
+               "workers": sorted(trainer.identities.values()), "params": trainer.parameter_digest(),
+               "optim": trainer.optimizer_digest(), "rows": int(out.reduced.matrix.shape[0])}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+
+def test_six_workers_one_killed_shrink_to_five_then_rejoin_from_a_live_peer(tmp_path):
+    log = tmp_path / "digests.jsonl"
+    s = train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=12",
+                   "trainer.checkpoint.every=2", "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=4",
+                   "faults.rejoin.seconds=0.5", "trainer.on_failure=shrink", "trainer.rejoin=true",
+                   "trainer.max_restarts=1", f"trainer.callbacks=[{{_target_: test_membership.DigestLog, path: '{log}'}}]"),
+              out_dir=tmp_path / "run", quiet=True)
+    assert (s["n"], s["workers"], s["steps"], s["restarts"]) == (6, list(SIX), 12, 1)
+    events = [r["event"] for r in s["lineage"]]
+    assert "shrink" in events and "grow" in events
+    shrink = next(r for r in s["lineage"] if r["event"] == "shrink")
+    grow = next(r for r in s["lineage"] if r["event"] == "grow")
+    assert shrink["lost_workers"] == [5] and shrink["new_n"] == 5
+    assert (grow["old_n"], grow["new_n"], grow["joined"], grow["members"], grow["epoch"]) == (5, 6, [5], list(SIX), [1, 2])
+    assert grow["effective_batch"] == [5 * 8, 6 * 8] and grow["normalisation"] == "mean over the 6 members"
+    assert grow["state_from"].startswith("live peer worker 0 over the process group")
+    assert grow["own_state_from"] == {"5": "step-00000002"}  # its data position and RNG: the last copy holding it
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    b = int(grow["step"])
+    after = [r for r in recs if r["step"] > b]
+    shrunk = [r for r in recs if shrink["step"] < r["step"] <= b and r["world"] == 5]
+    assert shrink["step"] < b < 12 and after and shrunk  # restored at 2, >= 1 step as five, then six
+    assert all(r["rows"] == 5 and 5 not in r["workers"] for r in shrunk)
+    assert {r["world"] for r in after} == {6} and all(r["rows"] == 6 for r in after)
+    assert sorted({w for r in after for w in r["workers"]}) == list(SIX)  # the joiner trained too
+    # at the end every rank holds the same parameters and optimizer state (the joiner included)
+    final = [r for r in recs if r["step"] == 12]
+    assert len(final) == 6 and len({(r["params"], r["optim"]) for r in final}) == 1
+    # the manifests after the grow are the six's, under the new epoch
+    ms = _manifests(tmp_path / "run")
+    assert ms[12]["identities"] == list(SIX) and ms[12]["membership_epoch"] == 2

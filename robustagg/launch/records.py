@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,6 +39,9 @@ class Attempt:
         membership: where the committed membership lives and which epoch this start runs under,
             ``{"host", "port", "epoch"}`` (the launcher's store; see :mod:`~robustagg.launch.quorum`),
             or ``None`` (no membership store: ``on_failure=restart``, torchrun, simulated).
+        joiners: replacements the launcher starts next to this attempt's workers, one per lost
+            worker id (``trainer.rejoin``): ``{"worker", "byzantine", "after_s"}`` each
+            (:mod:`~robustagg.launch.grow`).
     """
 
     number: int = 0
@@ -49,6 +52,7 @@ class Attempt:
     shrink: Optional[dict[str, Any]] = None
     changes: Optional[dict[str, Any]] = None
     membership: Optional[dict[str, Any]] = None
+    joiners: list[dict[str, Any]] = field(default_factory=list)
 
 
 def last_step_reached(out_dir: Path) -> int:

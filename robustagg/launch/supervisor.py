@@ -46,7 +46,7 @@ from .job import Job, shrink_job
 from .lock import RunLock
 from .quorum import Membership, next_epoch
 from .records import Attempt, last_step_reached, record_failure
-from .worker import device_for, run_worker
+from .worker import device_for, run_joiner, run_worker
 
 __all__ = ["launch", "prepare", "read_summary", "run_simulated", "run_spawned", "run_torchrun", "spawned_entry"]
 
@@ -171,6 +171,12 @@ def spawned_entry(rank: int, job: Job, init_method: str, attempt: Optional[Attem
     s = job.settings
     torch.set_num_threads(int(s.threads))
     timeout = float(s.collective_timeout_s)
+    if attempt is not None and rank >= job.processes():  # a replacement for a lost worker (trainer.rejoin)
+        try:
+            run_joiner(job, device_for(job, rank), attempt, attempt.joiners[rank - job.processes()])
+        finally:
+            destroy_group()
+        return
     init_group(backend=s.backend, rank=rank, world_size=job.processes(), timeout=timedelta(seconds=timeout),
                init_method=init_method)
     try:
@@ -213,7 +219,7 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
     while True:
         port = int(s.port) or free_port(addr)
         try:
-            spawn(spawned_entry, job.processes(), args=(job, f"tcp://{addr}:{port}", attempt), start_method=method,
+            spawn(spawned_entry, job.processes() + len(attempt.joiners), args=(job, f"tcp://{addr}:{port}", attempt), start_method=method,
                   preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"),
                   grace_seconds=2.0 if members is None else _QUORUM_GRACE_S)
             break
@@ -236,7 +242,11 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
             change: Optional[dict[str, Any]] = None
             if members is not None and attempt.membership is not None:
                 lost, change = _next_membership(job, members, attempt.membership, exc, lost, det)
+            joiners: list[dict[str, Any]] = []
             if s.on_failure == "shrink" and lost:
+                if s.rejoin:
+                    joiners = [{"worker": int(w), "byzantine": int(w) in job.byzantine_ids,
+                                "after_s": _rejoin_delay(job, int(w))} for w in lost]
                 try:
                     job, shrink = shrink_job(job, lost, reason=reason)
                 except Exception as refused:
@@ -246,10 +256,15 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
                 if shrink is not None and change is not None:
                     shrink["membership"] = change
             attempt = Attempt(number=attempt.number + 1, reason=reason, resume="auto", fallback=explicit,
-                              last_step=last, shrink=shrink,
+                              last_step=last, shrink=shrink, joiners=joiners,
                               membership=None if change is None else dict(attempt.membership or {},
                                                                            epoch=change["epoch"][1]))
     return dict(json.loads((out / "summary.json").read_text()))
+
+
+def _rejoin_delay(job: Job, worker: int) -> float:
+    """Seconds before the replacement of ``worker`` asks to join: a ``rejoin`` fault's ``seconds``, else 0."""
+    return max([float(f.seconds) for f in job.faults if f.kind == "rejoin" and int(f.rank) == worker], default=0.0)
 
 
 #: Seconds the launcher lets workers finish the quorum protocol before it stops them after a failure.

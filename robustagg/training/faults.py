@@ -18,6 +18,7 @@ after a restore does not fire it again.
 | ``nan`` | its submission becomes non-finite (one coordinate set to NaN) |
 | ``checkpoint_crash`` | it dies while writing the checkpoint of step ``step`` (``phase``: ``files`` = mid-way through its own files; ``commit`` = rank 0 after writing the manifest, before the rename that commits it) |
 | ``checkpoint_corrupt`` | after the checkpoint of step ``step`` is committed, one byte of one of its files is flipped on disk (``file``; default this rank's own ``rank-<r>.pt``) |
+| ``rejoin`` | the process dies (SIGKILL) at the start of the step, like ``crash``; with ``trainer.on_failure=shrink`` and ``trainer.rejoin=true`` the launcher starts its replacement ``seconds`` after the survivors restart, and it joins the running group from a live peer (:mod:`robustagg.launch.grow`) |
 | ``partition`` | at the start of step ``step`` the ``workers`` are cut off from the others for good: every process's collective across the cut is blocked (it raises :class:`PartitionedError` at once, as a timeout would after ``collective_timeout_s``); each side then runs the membership quorum (:mod:`robustagg.launch.quorum`). ``rank`` is unused |
 
 A real transport-level skip of a differently sized collective is not injected: gloo pairs the
@@ -61,7 +62,7 @@ __all__ = ["KINDS", "MEMBERSHIP_KINDS", "Fault", "FaultInjector", "PartitionedEr
 KINDS: tuple[str, ...] = ("crash", "hang", "desync", "corrupt", "nan", "checkpoint_crash", "checkpoint_corrupt")
 # --- membership faults (issue 17): their own block, checks and hook ------------------------------
 #: Fault kinds that change who can reach whom (checked by :func:`_membership_problems`).
-MEMBERSHIP_KINDS = ("partition",)
+MEMBERSHIP_KINDS = ("partition", "rejoin")
 KINDS = KINDS + MEMBERSHIP_KINDS
 _WHERE = ("before_step", "after_reduce", "after_step", "after_commit")
 _HOW = ("sigkill", "exit")
@@ -107,11 +108,11 @@ class Fault:
         >>> Fault("melt", rank=0, step=1)
         Traceback (most recent call last):
         ...
-        robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt, partition.
+        robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt, partition, rejoin.
         >>> Fault("crashh", rank=0, step=1)
         Traceback (most recent call last):
         ...
-        robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt, partition.
+        robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt, partition, rejoin.
         >>> Fault("partition", step=3, workers=[5, 4]).describe()
         {'id': 'partition@0:3', 'kind': 'partition', 'rank': 0, 'step': 3, 'workers': [4, 5]}
     """
@@ -169,7 +170,7 @@ class Fault:
 
 
 # --- membership faults (issue 17) ---------------------------------------------------------------
-_MEMBERSHIP_OPTIONS: dict[str, tuple[str, ...]] = {"partition": ("workers",)}
+_MEMBERSHIP_OPTIONS: dict[str, tuple[str, ...]] = {"partition": ("workers",), "rejoin": ("seconds",)}
 
 
 def _membership_problems(fault: Fault) -> list[str]:
@@ -179,7 +180,7 @@ def _membership_problems(fault: Fault) -> list[str]:
     except (TypeError, ValueError):
         return [f"fault {fault.id}: workers must be a list of worker ids; got {fault.workers!r}."]
     object.__setattr__(fault, "workers", workers)
-    if fault.kind not in MEMBERSHIP_KINDS:
+    if fault.kind != "partition":
         return [f"fault {fault.id}: workers is a partition option; remove it."] if workers else []
     if not workers or workers[0] < 0:
         return [f"fault {fault.id}: a partition needs the worker ids it cuts off (workers=[4,5]); got {list(workers)}."]
@@ -291,6 +292,9 @@ class FaultInjector:
         (and, at ``before_step``, a ``partition`` fault of that step: see :meth:`cut`)."""
         if where == "before_step":
             self.cut(step_id)
+            for r in sorted(self.worker_ids):
+                if self._take("rejoin", self._mine(r), step_id + 1) is not None:
+                    self._die("sigkill")  # its replacement comes back after `seconds` (the launcher)
         for r in sorted(self.worker_ids):
             f = self._take("crash", self._mine(r), step_id + 1, where=where)
             if f is not None:
