@@ -286,6 +286,8 @@ class FaultConf:
         phase: ``checkpoint_crash`` (``files``/``commit``). file: ``checkpoint_corrupt``.
         workers: ``partition``: the worker ids cut off from the others (needs
             ``trainer.on_failure=shrink``: the side with a strict majority continues).
+        join_step: ``rejoin``: the survivors admit the replacement exactly after this step (0:
+            whenever it is ready).
     """
 
     kind: str = MISSING
@@ -299,6 +301,7 @@ class FaultConf:
     phase: str = "files"
     file: str = ""
     workers: List[int] = field(default_factory=list)
+    join_step: int = 0
 
 
 @dataclass

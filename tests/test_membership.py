@@ -284,7 +284,7 @@ def test_six_workers_one_killed_shrink_to_five_then_rejoin_from_a_live_peer(tmp_
     log = tmp_path / "digests.jsonl"
     s = train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=12",
                    "trainer.checkpoint.every=2", "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=4",
-                   "faults.rejoin.seconds=0.5", "trainer.on_failure=shrink", "trainer.rejoin=true",
+                   "faults.rejoin.seconds=0.5", "faults.rejoin.join_step=6", "trainer.on_failure=shrink", "trainer.rejoin=true",
                    "trainer.max_restarts=1", f"trainer.callbacks=[{{_target_: test_membership.DigestLog, path: '{log}'}}]"),
               out_dir=tmp_path / "run", quiet=True)
     assert (s["n"], s["workers"], s["steps"], s["restarts"]) == (6, list(SIX), 12, 1)
@@ -301,7 +301,8 @@ def test_six_workers_one_killed_shrink_to_five_then_rejoin_from_a_live_peer(tmp_
     b = int(grow["step"])
     after = [r for r in recs if r["step"] > b]
     shrunk = [r for r in recs if shrink["step"] < r["step"] <= b and r["world"] == 5]
-    assert shrink["step"] < b < 12 and after and shrunk  # restored at 2, >= 1 step as five, then six
+    # restored at 2, steps 3-6 as five (one record per rank and step), then six from step 7
+    assert b == 6 and sorted(r["step"] for r in shrunk) == [k for k in (3, 4, 5, 6) for _ in range(5)]
     assert all(r["rows"] == 5 and 5 not in r["workers"] for r in shrunk)
     assert {r["world"] for r in after} == {6} and all(r["rows"] == 6 for r in after)
     assert sorted({w for r in after for w in r["workers"]}) == list(SIX)  # the joiner trained too

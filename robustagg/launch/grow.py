@@ -65,20 +65,33 @@ class GrowWatch:
     Args:
         ms: the run's membership. epoch: the survivors' epoch. joiners: worker ids expected.
         last_step: no grow after this step (the run ends there).
+        at_step: admit the joiners exactly after this many completed steps: rank 0 waits there
+            (at most ``wait_s`` seconds) for every request, and no vote is taken before (0: at
+            the first boundary after every joiner asked, a vote after every step).
+        wait_s: how long rank 0 waits at ``at_step``.
     """
 
-    def __init__(self, ms: Membership, epoch: int, joiners: Sequence[int], *, last_step: int) -> None:
+    def __init__(self, ms: Membership, epoch: int, joiners: Sequence[int], *, last_step: int, at_step: int = 0,
+                 wait_s: float = 120.0) -> None:
         self.ms, self.epoch, self.last_step = ms, int(epoch), int(last_step)
         self.joiners = tuple(int(w) for w in joiners)
+        self.at_step, self.wait_s = int(at_step), float(wait_s)
+
+    def _asked(self) -> bool:
+        return all(self.ms._has(_join_key(self.ms, self.epoch, w)) for w in self.joiners)
 
     def __call__(self, trainer: "Trainer", out: Any) -> None:
-        if trainer.step_id >= self.last_step:
+        step = trainer.step_id
+        if step >= self.last_step or (self.at_step and step != self.at_step):
             return
         ready = 0
         if trainer.is_main:
-            ready = int(all(self.ms._has(_join_key(self.ms, self.epoch, w)) for w in self.joiners))
+            deadline = time.monotonic() + (self.wait_s if self.at_step else 0.0)
+            while not self._asked() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            ready = int(self._asked())
         if trainer.comm.vote(ready, op="grow")[0]:
-            raise Regroup(trainer.step_id)
+            raise Regroup(step)
 
 
 def ask_to_join(ms: Membership, epoch: int, worker: int) -> None:

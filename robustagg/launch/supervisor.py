@@ -246,7 +246,7 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
             if s.on_failure == "shrink" and lost:
                 if s.rejoin:
                     joiners = [{"worker": int(w), "byzantine": int(w) in job.byzantine_ids,
-                                "after_s": _rejoin_delay(job, int(w))} for w in lost]
+                                **_rejoin_timing(job, int(w))} for w in lost]
                 try:
                     job, shrink = shrink_job(job, lost, reason=reason)
                 except Exception as refused:
@@ -262,9 +262,12 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
     return dict(json.loads((out / "summary.json").read_text()))
 
 
-def _rejoin_delay(job: Job, worker: int) -> float:
-    """Seconds before the replacement of ``worker`` asks to join: a ``rejoin`` fault's ``seconds``, else 0."""
-    return max([float(f.seconds) for f in job.faults if f.kind == "rejoin" and int(f.rank) == worker], default=0.0)
+def _rejoin_timing(job: Job, worker: int) -> dict[str, Any]:
+    """When the replacement of ``worker`` comes back: a ``rejoin`` fault's ``seconds`` (``after_s``) and
+    ``join_step`` (``at_step``: the survivors admit it exactly after that step); else at once, whenever ready."""
+    faults = [f for f in job.faults if f.kind == "rejoin" and int(f.rank) == worker]
+    return {"after_s": max([float(f.seconds) for f in faults], default=0.0),
+            "at_step": max([int(f.join_step) for f in faults], default=0)}
 
 
 #: Seconds the launcher lets workers finish the quorum protocol before it stops them after a failure.

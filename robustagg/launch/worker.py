@@ -205,7 +205,9 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                     sinks.append(wandb_sink)
             watch = []
             if pending and membership is not None:
-                watch = [GrowWatch(membership[0], membership[1], pending, last_step=int(s.steps))]
+                at = max([int(j.get("at_step", 0)) for j in attempt.joiners], default=0)
+                watch = [GrowWatch(membership[0], membership[1], pending, last_step=int(s.steps), at_step=at,
+                                   wait_s=max(120.0, 4 * float(s.collective_timeout_s)))]
             try:
                 result = fit(trainer, steps=max(0, int(s.steps) - trainer.step_id),
                              evaluate=parts.evaluate if main else None, eval_every=int(s.eval_every), sinks=sinks,

@@ -97,6 +97,8 @@ class Fault:
         name: an id for logs (default ``"<kind>@<rank>:<step>"``); unique within a run.
         workers: ``partition`` only: the worker ids cut off from the others (non-empty; the
             launcher checks that they leave someone on the other side).
+        join_step: ``rejoin`` only: the survivors admit the replacement exactly after this many
+            completed steps, waiting for it there (0: at the first boundary after it asked).
 
     Raises:
         ConfigError: an unknown kind or option (the nearest valid ones are named), or an
@@ -129,6 +131,7 @@ class Fault:
     file: str = ""
     name: str = ""
     workers: tuple[int, ...] = ()
+    join_step: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -170,7 +173,7 @@ class Fault:
 
 
 # --- membership faults (issue 17) ---------------------------------------------------------------
-_MEMBERSHIP_OPTIONS: dict[str, tuple[str, ...]] = {"partition": ("workers",), "rejoin": ("seconds",)}
+_MEMBERSHIP_OPTIONS: dict[str, tuple[str, ...]] = {"partition": ("workers",), "rejoin": ("seconds", "join_step")}
 
 
 def _membership_problems(fault: Fault) -> list[str]:
@@ -180,6 +183,9 @@ def _membership_problems(fault: Fault) -> list[str]:
     except (TypeError, ValueError):
         return [f"fault {fault.id}: workers must be a list of worker ids; got {fault.workers!r}."]
     object.__setattr__(fault, "workers", workers)
+    if int(fault.join_step) < 0 or (int(fault.join_step) and fault.kind != "rejoin"):
+        return [f"fault {fault.id}: join_step is a rejoin option (>= 0; 0: whenever the replacement is ready); "
+                f"got {fault.join_step}."]
     if fault.kind != "partition":
         return [f"fault {fault.id}: workers is a partition option; remove it."] if workers else []
     if not workers or workers[0] < 0:
