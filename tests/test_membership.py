@@ -85,6 +85,8 @@ def test_next_epoch_after_a_crash_and_after_a_split_without_majority():
 def test_partition_fault_options_and_sides():
     f = Fault("partition", step=3, workers=[5, 4, 4])
     assert f.workers == (4, 5) and f.describe()["workers"] == [4, 5]
+    with pytest.raises(ConfigError, match=r"join_step is a rejoin and partition option"):
+        Fault("crash", step=3, join_step=4)
     with pytest.raises(ConfigError, match=r"a partition needs the worker ids it cuts off"):
         Fault("partition", step=3)
     with pytest.raises(ConfigError, match=r"workers is a partition option; remove it"):
@@ -312,3 +314,23 @@ def test_six_workers_one_killed_shrink_to_five_then_rejoin_from_a_live_peer(tmp_
     # the manifests after the grow are the six's, under the new epoch
     ms = _manifests(tmp_path / "run")
     assert ms[12]["identities"] == list(SIX) and ms[12]["membership_epoch"] == 2
+
+
+def test_partition_4_2_that_heals_lets_the_two_rejoin_the_four(tmp_path):
+    log = tmp_path / "digests.jsonl"
+    s = train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=8",
+                   "trainer.checkpoint.every=2", "faults=[partition]", "faults.partition.workers=[4,5]",
+                   "faults.partition.step=3", "faults.partition.seconds=0.5", "faults.partition.join_step=5",
+                   "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.max_restarts=1",
+                   f"trainer.callbacks=[{{_target_: test_membership.DigestLog, path: '{log}'}}]"),
+              out_dir=tmp_path / "run", quiet=True)
+    assert (s["n"], s["workers"], s["steps"]) == (6, list(SIX), 8)
+    shrink = next(r for r in s["lineage"] if r["event"] == "shrink")
+    grow = next(r for r in s["lineage"] if r["event"] == "grow")
+    assert shrink["membership"]["decided_by"] == "quorum" and shrink["lost_workers"] == [4, 5]
+    assert (grow["step"], grow["joined"], grow["epoch"]) == (5, [4, 5], [1, 2])
+    assert grow["own_state_from"] == {"4": "step-00000002", "5": "step-00000002"}
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert sorted({r["world"] for r in recs if 2 < r["step"] <= 5}) == [4]
+    final = [r for r in recs if r["step"] == 8]
+    assert len(final) == 6 and len({(r["params"], r["optim"]) for r in final}) == 1

@@ -263,9 +263,11 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
 
 
 def _rejoin_timing(job: Job, worker: int) -> dict[str, Any]:
-    """When the replacement of ``worker`` comes back: a ``rejoin`` fault's ``seconds`` (``after_s``) and
+    """When the replacement of ``worker`` comes back: a ``rejoin`` fault's (or the ``partition`` that cut
+    it off's) ``seconds`` (``after_s``) and
     ``join_step`` (``at_step``: the survivors admit it exactly after that step); else at once, whenever ready."""
-    faults = [f for f in job.faults if f.kind == "rejoin" and int(f.rank) == worker]
+    faults = [f for f in job.faults if (f.kind == "rejoin" and int(f.rank) == worker)
+              or (f.kind == "partition" and worker in f.workers)]  # a cut that heals after `seconds`
     return {"after_s": max([float(f.seconds) for f in faults], default=0.0),
             "at_step": max([int(f.join_step) for f in faults], default=0)}
 

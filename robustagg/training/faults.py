@@ -19,7 +19,7 @@ after a restore does not fire it again.
 | ``checkpoint_crash`` | it dies while writing the checkpoint of step ``step`` (``phase``: ``files`` = mid-way through its own files; ``commit`` = rank 0 after writing the manifest, before the rename that commits it) |
 | ``checkpoint_corrupt`` | after the checkpoint of step ``step`` is committed, one byte of one of its files is flipped on disk (``file``; default this rank's own ``rank-<r>.pt``) |
 | ``rejoin`` | the process dies (SIGKILL) at the start of the step, like ``crash``; with ``trainer.on_failure=shrink`` and ``trainer.rejoin=true`` the launcher starts its replacement ``seconds`` after the survivors restart, and it joins the running group from a live peer (:mod:`robustagg.launch.grow`) |
-| ``partition`` | at the start of step ``step`` the ``workers`` are cut off from the others for good: every process's collective across the cut is blocked (it raises :class:`PartitionedError` at once, as a timeout would after ``collective_timeout_s``); each side then runs the membership quorum (:mod:`robustagg.launch.quorum`). ``rank`` is unused |
+| ``partition`` | at the start of step ``step`` the ``workers`` are cut off from the others for good: every process's collective across the cut is blocked (it raises :class:`PartitionedError` at once, as a timeout would after ``collective_timeout_s``); each side then runs the membership quorum (:mod:`robustagg.launch.quorum`). The cut heals after ``seconds``: with ``trainer.rejoin=true`` the cut-off workers then rejoin the majority (as after ``rejoin``); without it they stay out for good. ``rank`` is unused |
 
 A real transport-level skip of a differently sized collective is not injected: gloo pairs the
 mismatched buffers and aborts the process, which the trainer can only see as a fail-stop. The
@@ -97,8 +97,9 @@ class Fault:
         name: an id for logs (default ``"<kind>@<rank>:<step>"``); unique within a run.
         workers: ``partition`` only: the worker ids cut off from the others (non-empty; the
             launcher checks that they leave someone on the other side).
-        join_step: ``rejoin`` only: the survivors admit the replacement exactly after this many
-            completed steps, waiting for it there (0: at the first boundary after it asked).
+        join_step: ``rejoin`` and ``partition``: the survivors admit the replacement (the cut-off
+            workers, once the cut heals) exactly after this many completed steps, waiting for it
+            there (0: at the first boundary after it asked).
 
     Raises:
         ConfigError: an unknown kind or option (the nearest valid ones are named), or an
@@ -116,7 +117,7 @@ class Fault:
         ...
         robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, checkpoint_crash, checkpoint_corrupt, partition, rejoin.
         >>> Fault("partition", step=3, workers=[5, 4]).describe()
-        {'id': 'partition@0:3', 'kind': 'partition', 'rank': 0, 'step': 3, 'workers': [4, 5]}
+        {'id': 'partition@0:3', 'kind': 'partition', 'rank': 0, 'step': 3, 'workers': [4, 5], 'seconds': 1.0, 'join_step': 0}
     """
 
     kind: str
@@ -173,7 +174,8 @@ class Fault:
 
 
 # --- membership faults (issue 17) ---------------------------------------------------------------
-_MEMBERSHIP_OPTIONS: dict[str, tuple[str, ...]] = {"partition": ("workers",), "rejoin": ("seconds", "join_step")}
+_MEMBERSHIP_OPTIONS: dict[str, tuple[str, ...]] = {"partition": ("workers", "seconds", "join_step"),
+                                                   "rejoin": ("seconds", "join_step")}
 
 
 def _membership_problems(fault: Fault) -> list[str]:
@@ -183,9 +185,9 @@ def _membership_problems(fault: Fault) -> list[str]:
     except (TypeError, ValueError):
         return [f"fault {fault.id}: workers must be a list of worker ids; got {fault.workers!r}."]
     object.__setattr__(fault, "workers", workers)
-    if int(fault.join_step) < 0 or (int(fault.join_step) and fault.kind != "rejoin"):
-        return [f"fault {fault.id}: join_step is a rejoin option (>= 0; 0: whenever the replacement is ready); "
-                f"got {fault.join_step}."]
+    if int(fault.join_step) < 0 or (int(fault.join_step) and fault.kind not in MEMBERSHIP_KINDS):
+        return [f"fault {fault.id}: join_step is a rejoin and partition option (>= 0; 0: whenever the replacement "
+                f"is ready); got {fault.join_step}."]
     if fault.kind != "partition":
         return [f"fault {fault.id}: workers is a partition option; remove it."] if workers else []
     if not workers or workers[0] < 0:
