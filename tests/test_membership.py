@@ -334,3 +334,14 @@ def test_partition_4_2_that_heals_lets_the_two_rejoin_the_four(tmp_path):
     assert sorted({r["world"] for r in recs if 2 < r["step"] <= 5}) == [4]
     final = [r for r in recs if r["step"] == 8]
     assert len(final) == 6 and len({(r["params"], r["optim"]) for r in final}) == 1
+
+
+def test_a_replacement_without_a_committed_copy_of_its_state_stays_out_and_the_run_goes_on(tmp_path):
+    s = train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=6",
+                   "trainer.checkpoint.every=4", "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=2",
+                   "faults.rejoin.seconds=0.1", "trainer.on_failure=shrink", "trainer.rejoin=true",
+                   "trainer.max_restarts=1"), out_dir=tmp_path / "run", quiet=True)
+    assert (s["n"], s["workers"], s["steps"]) == (5, [0, 1, 2, 3, 4], 6)  # killed before any commit
+    (refused,) = [r for r in s["lineage"] if r["event"] == "rejoin_refused"]
+    assert refused["worker"] == 5 and "holds worker 5's state; it cannot rejoin" in refused["reason"]
+    assert not [r for r in s["lineage"] if r["event"] == "grow"]

@@ -333,9 +333,14 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
                             prefix=str(where.get("prefix", "robustagg/membership")))
     epoch = int(where["epoch"])
     time.sleep(float(joiner.get("after_s", 0.0)))  # a `rejoin` fault: the worker comes back after S seconds
-    own, own_from = own_state_from_disk(store, me)  # fails early (before asking) if nothing holds its state
-    ask_to_join(ms, epoch, me)
-    members = wait_for_grow(ms, epoch, me, timeout_s=max(120.0, 4 * timeout))
+    try:  # before it is admitted, a replacement that cannot join must not stop the running group
+        own, own_from = own_state_from_disk(store, me)  # before asking: something must hold its own state
+        ask_to_join(ms, epoch, me)
+        members = wait_for_grow(ms, epoch, me, timeout_s=max(120.0, 4 * timeout))
+    except (QuorumLostError, CheckpointError) as refused:
+        log.warning("worker %d does not rejoin: %s", me, refused)
+        store.append_lineage({"event": "rejoin_refused", "worker": me, "epoch": epoch, "reason": str(refused)})
+        return None
     if members is None:
         return None
     joiners = [int(j["worker"]) for j in attempt.joiners]
