@@ -1,8 +1,10 @@
-"""Membership that cannot split: epochs changed only by a strict majority, commits fenced by the store.
+"""Membership that heals and cannot split: epochs changed only by a strict majority, fenced commits, rejoin.
 
 Unit tests drive :class:`robustagg.launch.quorum.Membership` on an in-process store and with real
 processes racing on a real ``TCPStore``; the end-to-end tests cut a real 6-process run 4 | 2 (the
-4 continue and commit, the 2 stop with evidence) and 3 | 3 (both stop: no strict majority).
+4 continue and commit, the 2 stop with evidence) and 3 | 3 (both stop: no strict majority), and
+grow a run back from 5 to 6 workers with the state of a live peer (after a SIGKILL, and after a
+partition that heals).
 """
 
 from __future__ import annotations
