@@ -235,6 +235,8 @@ class TrainerConf:
             autocast, CPU or CUDA) or ``fp16`` (float16 autocast with a per-worker loss scaler,
             CUDA only). Submissions, aggregation and the optimizer stay float32
             (:mod:`robustagg.training.precision`).
+        rejoin: with ``on_failure=shrink``: a replacement for every lost worker id joins the
+            running group at a step boundary with the state of a live peer (the app's launcher).
     """
 
     mode: Mode = Mode.processes
@@ -272,6 +274,7 @@ class TrainerConf:
     processes: int = 0
     measure_bias: bool = False
     precision: str = "32"
+    rejoin: bool = False
 
 
 @dataclass
@@ -279,12 +282,17 @@ class FaultConf:
     """One injected fault (``conf/faults/``; see :class:`robustagg.training.Fault`).
 
     Attributes:
-        kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``compute_corrupt``, ``common_mode``, ``checkpoint_crash`` or
-            ``checkpoint_corrupt``.
+        kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``compute_corrupt``, ``common_mode``,
+            ``checkpoint_crash``, ``checkpoint_corrupt``, ``partition`` or ``rejoin``.
         rank: the worker it hits. step: the 1-based step (checkpoint kinds: the checkpoint's step).
         where, how: ``crash``: ``before_step``/``after_reduce``/``after_step``; ``sigkill``/``exit``.
-        seconds: ``hang``. mode: ``desync`` (``skip``/``reorder``). bits: ``corrupt``.
+        seconds: ``hang``; ``rejoin``: after how long the replacement comes back.
+        mode: ``desync`` (``skip``/``reorder``). bits: ``corrupt``.
         phase: ``checkpoint_crash`` (``files``/``commit``). file: ``checkpoint_corrupt``.
+        workers: ``partition``: the worker ids cut off from the others (needs
+            ``trainer.on_failure=shrink``: the side with a strict majority continues).
+        join_step: ``rejoin``: the survivors admit the replacement exactly after this step (0:
+            whenever it is ready).
     """
 
     kind: str = MISSING
@@ -297,6 +305,8 @@ class FaultConf:
     bits: int = 1
     phase: str = "files"
     file: str = ""
+    workers: List[int] = field(default_factory=list)
+    join_step: int = 0
 
 
 @dataclass

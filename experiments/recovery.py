@@ -43,6 +43,11 @@ def check_faults(cfg: DictConfig, n: int, *, under_torchrun: bool = False) -> li
         if at_checkpoint and (every == 0 or (fault.step % every and fault.step != steps)):
             raise ConfigError(f"faults.{name}: no checkpoint is written at step {fault.step} (trainer.checkpoint.every="
                               f"{every}, trainer.steps={steps}); use a multiple of every, or the last step.")
+        if fault.kind == "partition":
+            _check_partition(name, fault, n, str(tr.on_failure))
+        if fault.kind == "rejoin" and not (str(tr.on_failure) == "shrink" and bool(tr.rejoin)):
+            raise ConfigError(f"faults.{name}: a rejoin needs trainer.on_failure=shrink and trainer.rejoin=true (the "
+                              "survivors continue without the worker, then its replacement joins them).")
         faults.append(fault)
     if faults and Mode(tr.mode) is not Mode.processes:
         raise ConfigError("fault injection needs trainer.mode=processes: faults kill, stall or desynchronise real "
@@ -51,6 +56,19 @@ def check_faults(cfg: DictConfig, n: int, *, under_torchrun: bool = False) -> li
         raise ConfigError("trainer.on_failure=shrink needs the app's own launcher (trainer.mode=processes, not under "
                           "torchrun): it restarts the surviving workers as a smaller group.")
     return faults
+
+
+def _check_partition(name: str, fault: Fault, n: int, on_failure: str) -> None:
+    """A partition cuts off some, not all, existing workers, and needs a membership quorum (shrink)."""
+    outside = [w for w in fault.workers if not 0 <= w < n]
+    if outside:
+        raise ConfigError(f"faults.{name}: workers {outside} do not exist among n={n} workers.")
+    if len(fault.workers) >= n:
+        raise ConfigError(f"faults.{name}: a partition must leave someone on the other side; workers="
+                          f"{list(fault.workers)} names all n={n} workers.")
+    if on_failure != "shrink":
+        raise ConfigError(f"faults.{name}: a partition needs trainer.on_failure=shrink (the side that holds a strict "
+                          f"majority of the membership continues without the other); got {on_failure}.")
 
 
 def checkpoint_dir(cfg: DictConfig, out_dir: str) -> str:

@@ -50,6 +50,17 @@ class CheckpointError(RobustAggError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or of an incompatible format."""
 
 
+class QuorumLostError(RobustAggError, RuntimeError):
+    """This side of the group holds no strict majority of the last committed membership.
+
+    Raised by :meth:`robustagg.launch.quorum.Membership.decide` on a side of a partition that
+    reached at most half of the last committed members (it stops with evidence and commits no
+    checkpoint), by :meth:`~robustagg.launch.quorum.Membership.claim_commit` when a commit is
+    attempted under a membership epoch that was replaced or for a step already committed in it,
+    and by the launcher when no side reached a majority (the run stops).
+    """
+
+
 class AssumptionWarning(UserWarning):
     """A rule runs past its requirement because ``strict=False`` was passed (breakdown studies), or
     :func:`robustagg.get` built a rule without ``f`` (so for ``f = 0``)."""

@@ -123,6 +123,8 @@ def test_the_killed_rank_is_the_root_cause_not_its_peers(how, what):
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "faults").glob("*.yaml")))
 def test_every_fault_config_file_composes_and_validates(option):
-    plan = validate(_cfg(f"faults=[{option}]", "trainer.checkpoint.every=4", "trainer.reduction=gather"))
+    extra = {"partition": ["trainer.on_failure=shrink", "threat.n=6"],  # a cut needs a quorum
+             "rejoin": ["trainer.on_failure=shrink", "trainer.rejoin=true", "threat.n=6"]}.get(option, [])
+    plan = validate(_cfg(f"faults=[{option}]", "trainer.checkpoint.every=4", "trainer.reduction=gather", *extra))
     assert len(plan.faults) == (0 if option == "none" else 1)
     assert all(f.id == option for f in plan.faults)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..training.faults import Fault
     from ..training.trainer import Shard
 
-__all__ = ["RunSettings", "WorkerContext", "WorkerParts", "Job", "shrink_job"]
+__all__ = ["RunSettings", "WorkerContext", "WorkerParts", "Job", "shrink_job", "grow_job"]
 
 
 @dataclass
@@ -70,6 +70,9 @@ class RunSettings:
         precision: ``"32"``, ``"bf16"`` (CPU or CUDA) or ``"fp16"`` (meant for CUDA; accepted on CPU,
             where it is slow, and refused there by the experiment app) autocast of the workers'
             forward pass and loss (:mod:`~robustagg.training.precision`).
+        rejoin: with ``on_failure="shrink"``: after a shrink the launcher starts a replacement for
+            every lost worker id, which joins the running group at a step boundary with the state
+            of a live peer (:mod:`~robustagg.launch.grow`).
         logger: ``{"name": "wandb"|"none", "project", "entity", "mode", "group", "tags"}``.
         key_names: ``{attribute: the key a user types}`` for messages (an app's configuration
             names, e.g. ``{"resume_changes": "trainer.resume_changes"}``; default: the attribute).
@@ -105,6 +108,7 @@ class RunSettings:
     processes: int = 0
     measure_bias: bool = False
     precision: str = "32"
+    rejoin: bool = False
     logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     key_names: dict[str, str] = field(default_factory=dict)
 
@@ -133,6 +137,9 @@ class RunSettings:
                 raise ConfigError(f"{self.key(key)} must be >= 1; got {getattr(self, key)}.")
         if not 0.0 <= float(self.worker_momentum) < 1.0:
             raise ConfigError(f"{self.key('worker_momentum')} must be in [0, 1); got {self.worker_momentum}.")
+        if self.rejoin and self.on_failure != "shrink":
+            raise ConfigError(f"{self.key('rejoin')}=true needs {self.key('on_failure')}=shrink (a lost worker first "
+                              f"leaves the group, then its replacement joins it); got on_failure={self.on_failure}.")
         if self.resume == "":
             raise ConfigError(f"{self.key('resume')} must be auto, never or a checkpoint folder; got an empty string.")
         from ..training.precision import parse_precision
@@ -406,4 +413,41 @@ def shrink_job(job: Job, lost: Sequence[int], *, reason: str = "") -> tuple[Job,
               "normalisation": f"mean over the {new_n} survivors", "effective_batch": [old_n * b, new_n * b],
               "lr_rule": "unchanged", "violations": list(violations), "reason": reason,
               "shard_sizes": new.shard_sizes()}
+    return new, record
+
+
+def grow_job(job: Job, joined: Sequence[int], *, byzantine: Sequence[int] = (), reason: str = ""
+             ) -> tuple[Job, dict[str, Any]]:
+    """The job that continues ``job`` with the workers ``joined`` (worker ids) back, and its lineage record.
+
+    The inverse of :func:`shrink_job`: the members become the sorted union (ranks in worker-id
+    order), the rule receives ``n' = n + len(joined)`` rows (the mean over the n' members), the
+    effective batch becomes ``n' x batch``, the learning rate is left as configured, and the rule's
+    requirement is re-checked for n'. A joiner keeps its original role (``byzantine``: the joiners
+    that were Byzantine) and its own data (a shrink that redistributed data is not reversed: refused).
+
+    Raises:
+        ConfigError: a joiner is already a member, or the lost workers' data was redistributed
+            (``shrink_shards="redistribute"``).
+        AssumptionError: the rule's requirement fails for n' (strict rules).
+    """
+    add = sorted({int(w) for w in joined})
+    already = [w for w in add if w in job.identities]
+    if already:
+        raise ConfigError(f"cannot grow: worker(s) {already} are already members {list(job.identities)}.")
+    if job.extra_data:
+        raise ConfigError("cannot rejoin after trainer.shrink_shards=redistribute dealt the lost workers' data to the "
+                          "survivors; use trainer.shrink_shards=drop with trainer.rejoin=true.")
+    members = tuple(sorted(set(job.identities) | set(add)))
+    old_n, new_n = job.n, len(members)
+    violations = job.check_rule(new_n)
+    byz = tuple(sorted(set(job.byzantine_ids) | {int(w) for w in byzantine if int(w) in add}))
+    new = dataclasses.replace(job, n=new_n, identities=members, byzantine_ids=byz,
+                              violations=job.violations + list(violations),
+                              assumption_violated=job.assumption_violated or bool(violations))
+    b = int(job.settings.batch_size)
+    record = {"event": "grow", "old_n": old_n, "new_n": new_n, "joined": add, "members": list(members),
+              "byzantine_ranks": list(new.byzantine_ranks), "normalisation": f"mean over the {new_n} members",
+              "effective_batch": [old_n * b, new_n * b], "lr_rule": "unchanged", "violations": list(violations),
+              "reason": reason}
     return new, record

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,6 +36,12 @@ class Attempt:
         shrink: the lineage record of the elastic shrink that preceded this start, or ``None``.
         changes: an experiment change accepted before launch (``resume_changes=allow``), recorded
             in the first restore's lineage record.
+        membership: where the committed membership lives and which epoch this start runs under,
+            ``{"host", "port", "epoch"}`` (the launcher's store; see :mod:`~robustagg.launch.quorum`),
+            or ``None`` (no membership store: ``on_failure=restart``, torchrun, simulated).
+        joiners: replacements the launcher starts next to this attempt's workers, one per lost
+            worker id (``trainer.rejoin``): ``{"worker", "byzantine", "after_s"}`` each
+            (:mod:`~robustagg.launch.grow`).
     """
 
     number: int = 0
@@ -45,6 +51,8 @@ class Attempt:
     last_step: Optional[int] = None
     shrink: Optional[dict[str, Any]] = None
     changes: Optional[dict[str, Any]] = None
+    membership: Optional[dict[str, Any]] = None
+    joiners: list[dict[str, Any]] = field(default_factory=list)
 
 
 def last_step_reached(out_dir: Path) -> int:

@@ -38,14 +38,15 @@ import torch
 from ..checkpoint import CheckpointStore, read_jsonl
 from ..distributed import (EnvRank, LocalComm, ProcessGroupComm, WorkerFailedError, destroy_group, free_port,
                            from_environment, init_group, raise_on_sigterm, spawn)
-from ..errors import ConfigError
+from ..errors import ConfigError, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import read_evidence
 from .identity import check_resume
 from .job import Job, shrink_job
 from .lock import RunLock
+from .quorum import Membership, next_epoch
 from .records import Attempt, last_step_reached, record_failure
-from .worker import device_for, run_worker
+from .worker import device_for, run_joiner, run_worker
 
 __all__ = ["launch", "prepare", "read_summary", "run_simulated", "run_spawned", "run_torchrun", "spawned_entry"]
 
@@ -206,6 +207,12 @@ def spawned_entry(rank: int, job: Job, init_method: str, attempt: Optional[Attem
     s = job.settings
     torch.set_num_threads(int(s.threads))
     timeout = float(s.collective_timeout_s)
+    if attempt is not None and rank >= job.processes():  # a replacement for a lost worker (trainer.rejoin)
+        try:
+            run_joiner(job, device_for(job, rank), attempt, attempt.joiners[rank - job.processes()])
+        finally:
+            destroy_group()
+        return
     init_group(backend=s.backend, rank=rank, world_size=job.processes(), timeout=timedelta(seconds=timeout),
                init_method=init_method)
     try:
@@ -244,11 +251,13 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
     # skipped only for a Gram-free rule without sharded metrics; a Gram-using attack: each worker warms up
     if job.rule is None or needs_warm_up(job.rule) or (s.metrics and s.reduction != "gather"):
         warm_up()  # compile once here (forked workers inherit it, spawned ones load Numba's cache)
+    members = _membership_store(job, addr, attempt)  # on_failure=shrink: epochs in a store, fenced commits
     while True:
         port = int(s.port) or free_port(addr)
         try:
-            spawn(spawned_entry, job.processes(), args=(job, f"tcp://{addr}:{port}", attempt), start_method=method,
-                  preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"))
+            spawn(spawned_entry, job.processes() + len(attempt.joiners), args=(job, f"tcp://{addr}:{port}", attempt), start_method=method,
+                  preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"),
+                  grace_seconds=2.0 if members is None else _QUORUM_GRACE_S)
             break
         except WorkerFailedError as exc:
             hosts = job.hosts() or tuple(range(job.n))
@@ -266,16 +275,78 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
                       else f"{det['kind']}: ") + str(exc).splitlines()[0][:300]
             log.warning("restart %d/%d after %s", attempt.number + 1, int(s.max_restarts), reason)
             shrink = None
+            change: Optional[dict[str, Any]] = None
+            if members is not None and attempt.membership is not None:
+                lost, change = _next_membership(job, members, attempt.membership, exc, lost, det)
+            joiners: list[dict[str, Any]] = []
             if s.on_failure == "shrink" and lost:
+                if s.rejoin:
+                    joiners = [{"worker": int(w), "byzantine": int(w) in job.byzantine_ids,
+                                **_rejoin_timing(job, int(w))} for w in lost]
                 try:
                     job, shrink = shrink_job(job, lost, reason=reason)
                 except Exception as refused:
                     CheckpointStore(Path(job.ckpt_dir)).append_lineage(
                         {"event": "shrink_refused", "old_n": job.n, "lost_workers": lost, "reason": str(refused)})
                     raise
+                if shrink is not None and change is not None:
+                    shrink["membership"] = change
             attempt = Attempt(number=attempt.number + 1, reason=reason, resume="auto", fallback=explicit,
-                              last_step=last, shrink=shrink)
+                              last_step=last, shrink=shrink, joiners=joiners,
+                              membership=None if change is None else dict(attempt.membership or {},
+                                                                           epoch=change["epoch"][1]))
     return dict(json.loads((out / "summary.json").read_text()))
+
+
+def _rejoin_timing(job: Job, worker: int) -> dict[str, Any]:
+    """When the replacement of ``worker`` comes back: a ``rejoin`` fault's (or the ``partition`` that cut
+    it off's) ``seconds`` (``after_s``) and
+    ``join_step`` (``at_step``: the survivors admit it exactly after that step); else at once, whenever ready."""
+    faults = [f for f in job.faults if (f.kind == "rejoin" and int(f.rank) == worker)
+              or (f.kind == "partition" and worker in f.workers)]  # a cut that heals after `seconds`
+    return {"after_s": max([float(f.seconds) for f in faults], default=0.0),
+            "at_step": max([int(f.join_step) for f in faults], default=0)}
+
+
+#: Seconds the launcher lets workers finish the quorum protocol before it stops them after a failure.
+_QUORUM_GRACE_S = 4.0
+
+
+def _membership_store(job: Job, addr: str, attempt: Attempt) -> Optional[Membership]:
+    """With ``on_failure=shrink``: host the run's membership store here (it outlives every attempt),
+    install epoch 0 and tell the workers where it is (``attempt.membership``); else ``None``."""
+    if job.settings.on_failure != "shrink":
+        return None
+    import torch.distributed as dist
+
+    server = dist.TCPStore(addr, 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=float(job.settings.collective_timeout_s)))
+    ms = Membership(server, prefix=f"robustagg/{job.run_id}/membership")
+    epoch, _ = ms.install(job.identities)
+    attempt.membership = {"host": addr, "port": int(server.port), "epoch": epoch, "prefix": ms.prefix}
+    return ms
+
+
+def _next_membership(job: Job, ms: Membership, where: dict[str, Any], exc: WorkerFailedError, lost: list[int],
+                     det: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    """The workers lost by the membership change after a failed attempt, and its lineage fields.
+
+    Raises:
+        QuorumLostError: no side reached a strict majority (recorded in the lineage first).
+    """
+    epoch = int(where["epoch"])
+    reports = [str(r.get("message", "")) for r in exc.failures if r.get("type") == "QuorumLostError"]
+    try:
+        new_epoch, after, by = next_epoch(ms, epoch, lost, step=det.get("step"), reports=reports)
+    except QuorumLostError as stop:
+        CheckpointStore(Path(job.ckpt_dir)).append_lineage(
+            {"event": "quorum_lost", "epoch": epoch, "members": list(ms.members(epoch)), "step": det.get("step"),
+             "reports": reports, "reason": str(stop)})
+        raise stop from None
+    before = ms.members(epoch)
+    change = {"epoch": [epoch, new_epoch], "before": list(before), "after": list(after), "decided_by": by,
+              "state_from": "disk: the newest committed checkpoint every member verifies"}
+    return [w for w in job.identities if w not in after], change
 
 
 def _agree_on_run(job: Job, env: EnvRank) -> None:

@@ -18,17 +18,20 @@ from typing import Any, Optional
 import torch
 
 from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl
-from ..distributed import Communicator, ShardedReduction, make_reduction
-from ..errors import AssumptionWarning, ConfigError, Interrupted
+from ..distributed import Communicator, ProcessGroupComm, ShardedReduction, make_reduction
+from ..errors import AssumptionWarning, CheckpointError, ConfigError, Interrupted, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
                         save_model, seed_everything, write_evidence, write_json)
-from ..training.faults import fired_faults
+from ..training.faults import PartitionedError, fired_faults
 from ..training.resume import FAULT_LOG
-from .job import Job, WorkerContext
+from .grow import (GrowWatch, Regroup, ask_to_join, form_group, install_grow, mark_done, own_state_from_disk,
+                   receive_state, send_state, wait_for_epoch, wait_for_grow)
+from .job import Job, WorkerContext, grow_job
+from .quorum import Membership, fmt_members
 from .records import Attempt, settle_metrics, summary_from_records
 
-__all__ = ["run_worker", "device_for"]
+__all__ = ["run_worker", "run_joiner", "device_for"]
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +68,10 @@ def run_worker(job: Job, comm: Communicator, device: torch.device,
         return _run_worker(job, comm, device, attempt or Attempt(resume=job.settings.resume))
 
 
-def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Attempt) -> Optional[dict[str, Any]]:
+def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: Attempt,
+                  store: Optional[CheckpointStore]) -> tuple[Any, Trainer, Optional[FaultInjector]]:
+    """Build ``job``'s parts for the ranks ``comm`` hosts and the trainer over them."""
     s = job.settings
-    torch.set_num_threads(int(s.threads))
-    seed_everything(int(s.seed))
     ctx = WorkerContext(job=job, rank=comm.rank, local_ranks=tuple(comm.local_ranks), device=device, comm=comm)
     parts = job.build(ctx)
     rule = parts.rule
@@ -86,7 +89,6 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
     if sharded_metrics or needs_warm_up(rule, parts.byzantine):
         warm_up()  # the Gram kernel's first-call cost must not land in a timed step or a collective
     ids = {r: job.identities[r] for r in comm.local_ranks}
-    store = CheckpointStore(Path(job.ckpt_dir), keep=int(s.checkpoint_keep)) if _needs_store(job) else None
     injector = None
     if job.faults:
         injector = FaultInjector(job.faults, worker_ids=ids, log=None if store is None else store.root / FAULT_LOG,
@@ -105,9 +107,62 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
                       worker_momentum=float(s.worker_momentum), byzantine=parts.byzantine, metrics=bool(s.metrics),
                       identities=ids, injector=injector, measure_bias=bool(s.measure_bias),
                       precision=str(s.precision), **extra)
+    return parts, trainer, injector
+
+
+def _checkpointer(job: Job, attempt: Attempt, store: Optional[CheckpointStore], injector: Optional[FaultInjector],
+                  membership: Optional[tuple[Membership, int]], parent: Optional[str]) -> Optional[Checkpointer]:
+    s = job.settings
+    if store is None or int(s.checkpoint_every) <= 0:
+        return None
+    roles = {str(r): ("byzantine" if r in job.byzantine_ranks else "honest") for r in range(job.n)}
+    meta = {"run_id": job.run_id, "mode": s.mode, "roles": roles, "fingerprint": job.fingerprint,
+            "config_hash": _fp_hash(job), "code_revision": job.meta.get("code_revision", ""),
+            "restart_count": attempt.number, "identities": list(job.identities)}
+    guard = None
+    if membership is not None:
+        epoch = int(membership[1])
+        meta["membership_epoch"] = epoch
+        guard = (lambda step, ms=membership[0], e=epoch: ms.claim_commit(e, step))
+    return Checkpointer(store, every=int(s.checkpoint_every), meta=meta, injector=injector, parent=parent, guard=guard)
+
+
+def run_joiner(job: Job, device: torch.device, attempt: Attempt, joiner: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A replacement for a lost worker (``trainer.rejoin``): join the running group, then train with it.
+
+    See :mod:`~robustagg.launch.grow` for the protocol. Returns the summary if this process ends
+    as rank 0, else ``None`` (also when the run ended before it was admitted).
+
+    Raises:
+        QuorumLostError: not admitted (another membership was installed, or nothing happened in time).
+        CheckpointError: no committed checkpoint holds its own state, or the peer's state does not
+            match the peer's manifest.
+        RobustAggError: what training raised afterwards.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AssumptionWarning)
+        return _run_worker(job, None, device, attempt, joiner=joiner)
+
+
+def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, attempt: Attempt,
+                joiner: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+    s = job.settings
+    torch.set_num_threads(int(s.threads))
+    seed_everything(int(s.seed))
+    store = CheckpointStore(Path(job.ckpt_dir), keep=int(s.checkpoint_keep)) if _needs_store(job) else None
+    grown: Optional[dict[str, Any]] = None
+    if joiner is None:
+        assert comm is not None
+        membership = _join_membership(job, attempt, {r: job.identities[r] for r in comm.local_ranks})
+        parts, trainer, injector = _make_trainer(job, comm, device, attempt, store)
+    else:
+        joined = _join_running_group(job, attempt, joiner, device, store)
+        if joined is None:
+            return None  # the run ended before this replacement was admitted
+        job, comm, parts, trainer, injector, membership, grown = joined
+    ids = {r: job.identities[r] for r in comm.local_ranks}
     comm.group_id = comm.group_id or f"{job.run_id}/attempt-{attempt.number}"
     out = Path(job.run_dir)
-    main = comm.is_main
     sinks: list[Any] = []
     wandb_sink = None
 
@@ -115,46 +170,66 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
         append_jsonl(out / "detections.jsonl", {**rec, "attempt": attempt.number, "source": "in-run"})
 
     try:
-        trainer.check_parameters()  # every rank starts from the same parameters
+        trainer.check_parameters()  # every rank starts from the same parameters (a joiner: the peer's)
         restored = Restored()
-        if store is not None:
+        if joiner is not None:
+            restored = Restored(step=trainer.step_id)
+        elif store is not None:
             lineage_extra = {"experiment_changes": attempt.changes} if attempt.changes else None
             restored = restore(trainer, store, request=attempt.resume, fallback=attempt.fallback or None,
                                restart=attempt.number, reason=attempt.reason, last_step=attempt.last_step,
                                extra=lineage_extra)
-            if main and attempt.shrink is not None:
+            if comm.is_main and attempt.shrink is not None:
                 store.append_lineage({**attempt.shrink, "step": restored.step, "restart": attempt.number})
-        if main:
+        if comm.is_main and joiner is None:
             settle_metrics(out / "metrics.jsonl", restored.step)
             if restored.checkpoint is not None:
                 reached = attempt.last_step if attempt.last_step is not None else restored.step
                 replay = max(0, min(int(s.steps), reached) - restored.step)
                 log.warning("resumed from step %d (checkpoint %s, verified), replaying %d step(s)",
                             restored.step, restored.checkpoint, replay)
-        checkpointer = None
-        if store is not None and int(s.checkpoint_every) > 0:
-            roles = {str(r): ("byzantine" if r in job.byzantine_ranks else "honest") for r in range(job.n)}
-            meta = {"run_id": job.run_id, "mode": s.mode, "roles": roles, "fingerprint": job.fingerprint,
-                    "config_hash": _fp_hash(job), "code_revision": job.meta.get("code_revision", ""),
-                    "restart_count": attempt.number, "identities": list(job.identities)}
-            checkpointer = Checkpointer(store, every=int(s.checkpoint_every), meta=meta, injector=injector,
-                                        parent=restored.checkpoint)
-            if restored.checkpoint is not None and restored.step == trainer.step_id:
-                checkpointer.last_saved = restored.step
-        stragglers = StragglerLog(factor=float(s.straggler_factor)) if main else None
-        if main:
-            sinks.append(JsonlSink(out / "metrics.jsonl"))
-            if str(s.logger.get("name", "none")) == "wandb":
-                from .wandb_sink import WandbSink
-
-                wandb_sink = WandbSink(s.logger, job.config, str(out), name=job.name or out.name)
-                sinks.append(wandb_sink)
+        parent = restored.checkpoint
+        pending = [int(j["worker"]) for j in attempt.joiners] if joiner is None else []
         t0 = time.perf_counter()
-        result = fit(trainer, steps=max(0, int(s.steps) - trainer.step_id), evaluate=parts.evaluate if main else None,
-                     eval_every=int(s.eval_every), sinks=sinks, progress=bool(s.progress),
-                     param_check_every=int(s.param_check_every), assumption_violated=job.assumption_violated,
-                     callbacks=list(parts.callbacks), checkpointer=checkpointer, stragglers=stragglers,
-                     on_detect=detect)
+        while True:
+            main = comm.is_main
+            checkpointer = _checkpointer(job, attempt, store, injector, membership, parent)
+            if checkpointer is not None and restored.checkpoint is not None and restored.step == trainer.step_id:
+                checkpointer.last_saved = restored.step
+            stragglers = StragglerLog(factor=float(s.straggler_factor)) if main else None
+            if main and not sinks:
+                sinks.append(JsonlSink(out / "metrics.jsonl"))
+                if str(s.logger.get("name", "none")) == "wandb":
+                    from .wandb_sink import WandbSink
+
+                    wandb_sink = WandbSink(s.logger, job.config, str(out), name=job.name or out.name)
+                    sinks.append(wandb_sink)
+            watch = []
+            if pending and membership is not None:
+                at = max([int(j.get("at_step", 0)) for j in attempt.joiners], default=0)
+                watch = [GrowWatch(membership[0], membership[1], pending, last_step=int(s.steps), at_step=at,
+                                   wait_s=max(120.0, 4 * float(s.collective_timeout_s)))]
+            try:
+                result = fit(trainer, steps=max(0, int(s.steps) - trainer.step_id),
+                             evaluate=parts.evaluate if main else None, eval_every=int(s.eval_every), sinks=sinks,
+                             progress=bool(s.progress), param_check_every=int(s.param_check_every),
+                             assumption_violated=job.assumption_violated, callbacks=[*parts.callbacks, *watch],
+                             checkpointer=checkpointer, stragglers=stragglers, on_detect=detect)
+                break
+            except Regroup as at:
+                assert membership is not None
+                if main:
+                    for sink in sinks:
+                        sink.close()
+                    sinks.clear()
+                parent = checkpointer.parent if checkpointer is not None else parent
+                job, comm, parts, trainer, injector, membership, grown = _grow_survivor(
+                    job, attempt, trainer, device, store, membership, pending, at.step)
+                pending = []
+                restored = Restored(step=trainer.step_id, checkpoint=None)
+        main = comm.is_main
+        if membership is not None and main:
+            mark_done(membership[0], int((attempt.membership or {}).get("epoch", membership[1])))
         if not main:
             return None
         summary = result.to_dict()
@@ -176,6 +251,8 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
                                    "detected": read_jsonl(out / "detections.jsonl")},
                         "straggler": stragglers.report() if stragglers is not None else {},
                         "checkpoint_dir": None if store is None else str(store.root)})
+        if grown is not None:
+            summary["grown"] = grown
         save_model(parts.model, out / "model.safetensors")
         write_json(out / "summary.json", summary)
         if wandb_sink is not None:
@@ -184,15 +261,142 @@ def _run_worker(job: Job, comm: Communicator, device: torch.device, attempt: Att
     except BaseException as exc:
         if wandb_sink is not None:
             wandb_sink.failed = True
-        if not isinstance(exc, (KeyboardInterrupt, Interrupted)):  # a requested stop is not a failure
-            try:
-                write_evidence(out / "evidence", trainer, exc, attempt=attempt.number, run_id=job.run_id)
-            except Exception as ev_exc:  # evidence must never hide the failure
-                log.warning("could not write evidence: %s", ev_exc)
+        if isinstance(exc, (KeyboardInterrupt, Interrupted)):  # a requested stop is not a failure
+            raise
+        decision, lost_quorum = _decide_membership(job, membership, injector, ids, trainer, exc)
+        try:
+            more = {} if decision is None else {"quorum": decision}
+            write_evidence(out / "evidence", trainer, lost_quorum or exc, attempt=attempt.number, run_id=job.run_id,
+                           **more)
+        except Exception as ev_exc:  # evidence must never hide the failure
+            log.warning("could not write evidence: %s", ev_exc)
+        if lost_quorum is not None:
+            raise lost_quorum from exc
         raise
     finally:
         for sink in sinks:
             sink.close()
+
+
+def _new_group(job: Job, ms: Membership, epoch: int, members: tuple[int, ...], me: int, device: torch.device
+               ) -> ProcessGroupComm:
+    s = job.settings
+    timeout = float(s.collective_timeout_s)
+    form_group(ms, epoch, members, me, backend=s.backend, timeout_s=timeout)
+    return ProcessGroupComm(device=device, timeout_s=timeout, group_id=f"{job.run_id}/epoch-{epoch}")
+
+
+def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.device, store: Optional[CheckpointStore],
+                   membership: tuple[Membership, int], joiners: list[int], step: int) -> tuple[Any, ...]:
+    """A survivor at the agreed boundary: new epoch, new group, rebuilt trainer, state sent to the joiners."""
+    ms, epoch = membership
+    me = job.identities[trainer.comm.local_ranks[0]]
+    state = trainer.state_dict()  # coherent: every survivor completed step `step`
+    timeout = float(job.settings.collective_timeout_s)
+    if trainer.is_main:
+        members = install_grow(ms, epoch, joiners)
+    else:
+        members = wait_for_epoch(ms, epoch + 1, timeout_s=timeout)
+    byz = [int(j["worker"]) for j in attempt.joiners if j.get("byzantine")]
+    new_job, record = grow_job(job, joiners, byzantine=byz, reason=f"rejoin of worker(s) {joiners}")
+    survivors = [w for w in members if w not in joiners]
+    comm = _new_group(new_job, ms, epoch + 1, members, me, device)
+    parts, new_trainer, injector = _make_trainer(new_job, comm, device, attempt, store)
+    new_trainer.load_state_dict(state)
+    src = sorted(members).index(min(survivors))
+    send_state(state["replicated"] if comm.rank == src else None, src=src, src_worker=min(survivors))
+    new_trainer.check_parameters()  # the joiners take part only once every digest agrees
+    grown = {**record, "step": int(step), "epoch": [epoch, epoch + 1], "decided_by": f"every member of epoch {epoch}",
+             "state_from": f"live peer worker {min(survivors)} over the process group (SHA-256 checked by the joiner)"}
+    if comm.is_main and store is not None:
+        own = {}
+        for w in joiners:
+            try:
+                own[str(w)] = own_state_from_disk(store, w)[1]
+            except CheckpointError as exc:
+                own[str(w)] = str(exc)
+        grown["own_state_from"] = own
+        store.append_lineage(grown)
+    return new_job, comm, parts, new_trainer, injector, (ms, epoch + 1), grown
+
+
+def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], device: torch.device,
+                        store: Optional[CheckpointStore]) -> Optional[tuple[Any, ...]]:
+    """A replacement process: ask to join, wait for the survivors' boundary, receive and verify the state."""
+    s = job.settings
+    where = attempt.membership
+    if where is None or store is None:
+        raise ConfigError("a replacement worker needs the membership store and the checkpoint folder "
+                          "(trainer.on_failure=shrink, trainer.rejoin=true).")
+    me = int(joiner["worker"])
+    timeout = float(s.collective_timeout_s)
+    ms = Membership.connect(str(where["host"]), int(where["port"]), timeout_s=timeout,
+                            prefix=str(where.get("prefix", "robustagg/membership")))
+    epoch = int(where["epoch"])
+    time.sleep(float(joiner.get("after_s", 0.0)))  # a `rejoin` fault: the worker comes back after S seconds
+    try:  # before it is admitted, a replacement that cannot join must not stop the running group
+        own, own_from = own_state_from_disk(store, me)  # before asking: something must hold its own state
+        ask_to_join(ms, epoch, me)
+        members = wait_for_grow(ms, epoch, me, timeout_s=max(120.0, 4 * timeout))
+    except (QuorumLostError, CheckpointError) as refused:
+        log.warning("worker %d does not rejoin: %s", me, refused)
+        store.append_lineage({"event": "rejoin_refused", "worker": me, "epoch": epoch, "reason": str(refused)})
+        return None
+    if members is None:
+        return None
+    joiners = [int(j["worker"]) for j in attempt.joiners]
+    byz = [int(j["worker"]) for j in attempt.joiners if j.get("byzantine")]
+    new_job, record = grow_job(job, joiners, byzantine=byz, reason=f"rejoin of worker(s) {joiners}")
+    comm = _new_group(new_job, ms, epoch + 1, members, me, device)
+    parts, trainer, injector = _make_trainer(new_job, comm, device, attempt, store)
+    survivors = [w for w in members if w not in joiners]
+    src = sorted(members).index(min(survivors))
+    replicated = receive_state(send_state(None, src=src, src_worker=min(survivors)))
+    trainer.load_state_dict({"replicated": replicated, "local": own})
+    grown = {**record, "epoch": [epoch, epoch + 1], "own_state_from": {str(me): own_from}}
+    return new_job, comm, parts, trainer, injector, (ms, epoch + 1), grown
+
+
+def _join_membership(job: Job, attempt: Attempt, ids: dict[int, int]) -> Optional[tuple[Membership, int]]:
+    """Connect to the launcher's membership store; refuse to start outside the committed membership."""
+    where = attempt.membership
+    if where is None:
+        return None
+    ms = Membership.connect(str(where["host"]), int(where["port"]), timeout_s=float(job.settings.collective_timeout_s),
+                            prefix=str(where.get("prefix", "robustagg/membership")))
+    epoch = int(where["epoch"])
+    members = ms.members(epoch)
+    outside = sorted(w for w in ids.values() if w not in members)
+    if outside:
+        raise QuorumLostError(f"worker(s) {outside} are not in the committed membership {fmt_members(members)} of "
+                              f"epoch {epoch}; a worker outside it must not take part (it would split the group).")
+    return ms, epoch
+
+
+def _decide_membership(job: Job, membership: Optional[tuple[Membership, int]], injector: Optional[FaultInjector],
+                       ids: dict[int, int], trainer: Trainer, exc: BaseException
+                       ) -> tuple[Optional[dict[str, Any]], Optional[QuorumLostError]]:
+    """After a blocked collective of a partition: the quorum protocol over the store (see
+    :mod:`~robustagg.launch.quorum`). Returns ``(decision record, the error to raise if this side lost)``.
+
+    Only a partition runs it in the workers: after a crash the launcher, which reaped the dead
+    process and stops the others, decides (:func:`~robustagg.launch.quorum.next_epoch`).
+    """
+    cut = None if injector is None else injector.partition
+    if membership is None or cut is None or not isinstance(exc, PartitionedError):
+        return None, None
+    ms, epoch = membership
+    me = min(ids.values())
+    step = cut.step
+    members = ms.members(epoch)
+    try:
+        d = ms.decide(epoch, me, cut.reachable(members), step=step,
+                      wait_s=max(1.0, min(10.0, float(job.settings.collective_timeout_s))))
+    except QuorumLostError as lost:
+        reached = cut.reachable(members)
+        return {"epoch": epoch, "before": list(members), "reached": list(reached), "won": False, "step": step,
+                "message": str(lost)}, lost
+    return d.as_dict(), None
 
 
 def _fp_hash(job: Job) -> str:

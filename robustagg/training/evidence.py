@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 import numpy as np
 
 from ..checkpoint import atomic_write_json
-from ..errors import (AssumptionError, CheckpointError, DesyncError, IntegrityError, Interrupted, NonFiniteInputError)
+from ..errors import (AssumptionError, CheckpointError, DesyncError, IntegrityError, Interrupted, NonFiniteInputError,
+                      QuorumLostError)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .trainer import Trainer
@@ -34,13 +35,14 @@ __all__ = ["failure_kind", "build_evidence", "write_evidence", "read_evidence", 
            "StragglerLog"]
 
 #: From most to least specific: the kind a detection record reports when ranks saw different ones.
-_PRIORITY = ("desync", "corruption", "nonfinite", "requirement", "checkpoint", "error", "timeout", "peer_lost",
+_PRIORITY = ("desync", "corruption", "nonfinite", "requirement", "checkpoint", "partition", "quorum_lost", "error", "timeout", "peer_lost",
              "terminated", "interrupted")
 
 
 def failure_kind(exc: BaseException) -> str:
     """Classify an exception: ``desync``, ``corruption``, ``nonfinite``, ``requirement``,
-    ``checkpoint``, ``timeout`` / ``peer_lost`` (a collective failed: timed out, or a peer's
+    ``checkpoint``, ``partition`` (an injected cut blocked the collective), ``quorum_lost`` (this side
+    holds no strict majority of the membership), ``timeout`` / ``peer_lost`` (a collective failed: timed out, or a peer's
     connection closed), ``terminated`` (SIGTERM during a teardown), ``interrupted`` (a requested stop,
     :class:`~robustagg.errors.Interrupted`: not a failure) or ``error``.
 
@@ -64,6 +66,12 @@ def failure_kind(exc: BaseException) -> str:
         return "checkpoint"
     if isinstance(exc, TerminatedError):
         return "terminated"
+    from .faults import PartitionedError
+
+    if isinstance(exc, QuorumLostError):
+        return "quorum_lost"
+    if isinstance(exc, PartitionedError):
+        return "partition"
     if isinstance(exc, Interrupted):
         return "interrupted"
     if isinstance(exc, CollectiveError):

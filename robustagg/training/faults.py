@@ -20,6 +20,8 @@ after a restore does not fire it again.
 | ``common_mode`` | the same deterministic corruption (one coordinate chosen from ``(rank, step)``, ``+1.0``) on worker ``rank`` *and every replica of its group* (:attr:`FaultInjector.peers`; a shared bug or bad input): the replicas still agree, so the vote does not catch it |
 | ``checkpoint_crash`` | it dies while writing the checkpoint of step ``step`` (``phase``: ``files`` = mid-way through its own files; ``commit`` = rank 0 after writing the manifest, before the rename that commits it) |
 | ``checkpoint_corrupt`` | after the checkpoint of step ``step`` is committed, one byte of one of its files is flipped on disk (``file``; default this rank's own ``rank-<r>.pt``) |
+| ``rejoin`` | the process dies (SIGKILL) at the start of the step, like ``crash``; with ``trainer.on_failure=shrink`` and ``trainer.rejoin=true`` the launcher starts its replacement ``seconds`` after the survivors restart, and it joins the running group from a live peer (:mod:`robustagg.launch.grow`) |
+| ``partition`` | at the start of step ``step`` the ``workers`` are cut off from the others for good: every process's collective across the cut is blocked (it raises :class:`PartitionedError` at once, as a timeout would after ``collective_timeout_s``); each side then runs the membership quorum (:mod:`robustagg.launch.quorum`). The cut heals after ``seconds``: with ``trainer.rejoin=true`` the cut-off workers then rejoin the majority (as after ``rejoin``); without it they stay out for good. ``rank`` is unused |
 
 A real transport-level skip of a differently sized collective is not injected: gloo pairs the
 mismatched buffers and aborts the process, which the trainer can only see as a fail-stop. The
@@ -45,6 +47,7 @@ from typing import Any, Mapping, Optional, Protocol, Sequence
 import torch
 
 from ..checkpoint import append_jsonl, read_jsonl
+from ..distributed.comm import CollectiveError
 from ..errors import ConfigError
 from .sampler import mix_seed
 
@@ -55,11 +58,15 @@ class _HasComm(Protocol):
 
     comm: Any
 
-__all__ = ["KINDS", "Fault", "FaultInjector", "fired_faults"]
+__all__ = ["KINDS", "MEMBERSHIP_KINDS", "Fault", "FaultInjector", "PartitionedError", "Partition", "fired_faults"]
 
 #: Every fault kind, in the order of the table above.
-KINDS = ("crash", "hang", "desync", "corrupt", "nan", "compute_corrupt", "common_mode", "checkpoint_crash",
-         "checkpoint_corrupt")
+KINDS: tuple[str, ...] = ("crash", "hang", "desync", "corrupt", "nan", "compute_corrupt", "common_mode",
+                          "checkpoint_crash", "checkpoint_corrupt")
+# --- membership faults (issue 17): their own block, checks and hook ------------------------------
+#: Fault kinds that change who can reach whom (checked by :func:`_membership_problems`).
+MEMBERSHIP_KINDS = ("partition", "rejoin")
+KINDS = KINDS + MEMBERSHIP_KINDS
 _WHERE = ("before_step", "after_reduce", "after_step", "after_commit")
 _HOW = ("sigkill", "exit")
 _EXIT_CODE = 71
@@ -91,6 +98,11 @@ class Fault:
         phase: ``checkpoint_crash`` only: ``files`` or ``commit`` (``commit`` needs ``rank=0``).
         file: ``checkpoint_corrupt`` only: the file to damage (``""``: the rank's own file).
         name: an id for logs (default ``"<kind>@<rank>:<step>"``); unique within a run.
+        workers: ``partition`` only: the worker ids cut off from the others (non-empty; the
+            launcher checks that they leave someone on the other side).
+        join_step: ``rejoin`` and ``partition``: the survivors admit the replacement (the cut-off
+            workers, once the cut heals) exactly after this many completed steps, waiting for it
+            there (0: at the first boundary after it asked).
 
     Raises:
         ConfigError: an unknown kind or option (the nearest valid ones are named), or an
@@ -102,11 +114,13 @@ class Fault:
         >>> Fault("melt", rank=0, step=1)
         Traceback (most recent call last):
         ...
-        robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, checkpoint_crash, checkpoint_corrupt.
+        robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, checkpoint_crash, checkpoint_corrupt, partition, rejoin.
         >>> Fault("crashh", rank=0, step=1)
         Traceback (most recent call last):
         ...
-        robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, checkpoint_crash, checkpoint_corrupt.
+        robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, checkpoint_crash, checkpoint_corrupt, partition, rejoin.
+        >>> Fault("partition", step=3, workers=[5, 4]).describe()
+        {'id': 'partition@0:3', 'kind': 'partition', 'rank': 0, 'step': 3, 'workers': [4, 5], 'seconds': 1.0, 'join_step': 0}
     """
 
     kind: str
@@ -120,6 +134,8 @@ class Fault:
     phase: str = "files"
     file: str = ""
     name: str = ""
+    workers: tuple[int, ...] = ()
+    join_step: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -141,6 +157,8 @@ class Fault:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        for msg in _membership_problems(self):
+            raise ConfigError(msg)
 
     @property
     def id(self) -> str:
@@ -150,10 +168,68 @@ class Fault:
     def describe(self) -> dict[str, Any]:
         """The options that matter for this kind, as a JSON-ready dict (with ``id``)."""
         extra = {"crash": ("where", "how"), "hang": ("seconds",), "desync": ("mode",), "corrupt": ("bits",),
-                 "nan": (), "compute_corrupt": (), "common_mode": (), "checkpoint_crash": ("phase", "how"), "checkpoint_corrupt": ("file",)}[self.kind]
+                 "nan": (), "compute_corrupt": (), "common_mode": (), "checkpoint_crash": ("phase", "how"),
+                 "checkpoint_corrupt": ("file",), **_MEMBERSHIP_OPTIONS}[self.kind]
         d = asdict(self)
+        d["workers"] = list(self.workers)
         return {"id": self.id, "kind": self.kind, "rank": int(self.rank), "step": int(self.step),
                 **{k: d[k] for k in extra}}
+
+
+# --- membership faults (issue 17) ---------------------------------------------------------------
+_MEMBERSHIP_OPTIONS: dict[str, tuple[str, ...]] = {"partition": ("workers", "seconds", "join_step"),
+                                                   "rejoin": ("seconds", "join_step")}
+
+
+def _membership_problems(fault: Fault) -> list[str]:
+    """Normalise ``fault.workers`` (sorted distinct ints) and say what is wrong with a membership fault."""
+    try:
+        workers = tuple(sorted({int(w) for w in fault.workers}))
+    except (TypeError, ValueError):
+        return [f"fault {fault.id}: workers must be a list of worker ids; got {fault.workers!r}."]
+    object.__setattr__(fault, "workers", workers)
+    if int(fault.join_step) < 0 or (int(fault.join_step) and fault.kind not in MEMBERSHIP_KINDS):
+        return [f"fault {fault.id}: join_step is a rejoin and partition option (>= 0; 0: whenever the replacement "
+                f"is ready); got {fault.join_step}."]
+    if fault.kind != "partition":
+        return [f"fault {fault.id}: workers is a partition option; remove it."] if workers else []
+    if not workers or workers[0] < 0:
+        return [f"fault {fault.id}: a partition needs the worker ids it cuts off (workers=[4,5]); got {list(workers)}."]
+    return []
+
+
+class PartitionedError(CollectiveError):
+    """The injector blocked this process's collective across a partition (see :class:`Partition`).
+
+    A real partition shows up as a collective timeout after ``collective_timeout_s``; the
+    injector raises at once, on every process of both sides, so tests do not wait out timeouts.
+    """
+
+
+@dataclass(frozen=True)
+class Partition:
+    """The cut a ``partition`` fault made: what a process on one side can still reach.
+
+    Attributes:
+        fault: the fault's id. step: the 1-based step at which the cut happened.
+        cut: the worker ids cut off. inside: this process hosts a worker of ``cut``.
+    """
+
+    fault: str
+    step: int
+    cut: tuple[int, ...]
+    inside: bool
+
+    def reachable(self, members: Sequence[int]) -> tuple[int, ...]:
+        """The members on this process's side of the cut.
+
+        Example:
+            >>> Partition("p", 3, (4, 5), inside=True).reachable(range(6))
+            (4, 5)
+            >>> Partition("p", 3, (4, 5), inside=False).reachable(range(6))
+            (0, 1, 2, 3)
+        """
+        return tuple(int(w) for w in members if (int(w) in self.cut) == self.inside)
 
 
 def fired_faults(log: Optional[Path]) -> list[dict[str, Any]]:
@@ -193,6 +269,8 @@ class FaultInjector:
         #: a ``common_mode`` fault hits only its own worker).
         self.peers: dict[int, tuple[int, ...]] = {}
         self._common: dict[str, int] = {}  # common_mode fault id -> the step it fires at in this process
+        #: The cut of a ``partition`` fault once it fired in this process (``None`` before).
+        self.partition: Optional[Partition] = None
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def has(self, kind: str) -> bool:
@@ -225,11 +303,39 @@ class FaultInjector:
 
     # --- trainer hooks ---------------------------------------------------------------------------
     def step_point(self, where: str, step_id: int) -> None:
-        """``crash`` faults of the hosted workers at ``where`` of the step with 0-based id ``step_id``."""
+        """``crash`` faults of the hosted workers at ``where`` of the step with 0-based id ``step_id``
+        (and, at ``before_step``, a ``partition`` fault of that step: see :meth:`cut`)."""
+        if where == "before_step":
+            self.cut(step_id)
+            for r in sorted(self.worker_ids):
+                if self._take("rejoin", self._mine(r), step_id + 1) is not None:
+                    self._die("sigkill")  # its replacement comes back after `seconds` (the launcher)
         for r in sorted(self.worker_ids):
             f = self._take("crash", self._mine(r), step_id + 1, where=where)
             if f is not None:
                 self._die(f.how)
+
+    def cut(self, step_id: int) -> None:
+        """``partition`` faults: at the start of step ``step_id + 1`` every process blocks its collectives.
+
+        Every process fires the fault (each knows the cut); only the one hosting the lowest cut-off
+        worker logs it, so the fired-faults log holds it once.
+
+        Raises:
+            PartitionedError: the fault of this step fired (on every process of both sides).
+        """
+        for f in self.faults:
+            if f.kind != "partition" or int(f.step) != step_id + 1 or f.id in self.fired:
+                continue
+            mine = set(self.worker_ids.values())
+            if min(f.workers) in mine:
+                self._take("partition", int(f.rank), int(f.step))
+            self.fired.add(f.id)
+            inside = bool(mine & set(f.workers))
+            self.partition = Partition(f.id, int(f.step), tuple(f.workers), inside)
+            other = "the others" if inside else f"workers {sorted(f.workers)}"
+            raise PartitionedError(f"partition {f.id} at step {f.step}: the collective with {other} is blocked "
+                                   f"(injected; a real partition times out after the collective timeout)")
 
     def before_announce(self, trainer: _HasComm, step_id: int) -> int:
         """``desync`` faults: returns the step id this process announces (``skip`` shifts the counter)."""

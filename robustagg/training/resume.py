@@ -41,7 +41,7 @@ import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from ..checkpoint import Checkpoint, CheckpointStore, read_jsonl, save_state
 from ..errors import CheckpointError
@@ -118,13 +118,17 @@ class Checkpointer:
             ``faults_fired`` are filled in here.
         injector: fault injection at the checkpoint hooks, or ``None``.
         parent: the checkpoint the run was restored from (lineage of the first commit).
+        guard: ``guard(step)`` called on rank 0 after every rank's files are durable and before
+            the manifest is written; it raises to refuse the commit (the membership fence,
+            :meth:`robustagg.launch.quorum.Membership.claim_commit`). ``None``: no fence.
 
     Raises:
         CheckpointError: ``every`` is negative.
     """
 
     def __init__(self, store: CheckpointStore, *, every: int, meta: Optional[Mapping[str, Any]] = None,
-                 injector: Optional["FaultInjector"] = None, parent: Optional[str] = None) -> None:
+                 injector: Optional["FaultInjector"] = None, parent: Optional[str] = None,
+                 guard: Optional[Callable[[int], None]] = None) -> None:
         if every < 0:
             raise CheckpointError(f"checkpoint every must be >= 0 steps; got {every}.")
         self.store = store
@@ -132,6 +136,7 @@ class Checkpointer:
         self.meta = dict(meta or {})
         self.injector = injector
         self.parent = parent
+        self.guard = guard
         self.last_saved: Optional[int] = None
         self._hosts: Optional[dict[str, list[int]]] = None
 
@@ -164,6 +169,7 @@ class Checkpointer:
         Raises:
             CollectiveError: a rank failed during the protocol (nothing is committed then).
             CheckpointError: a rank's file is missing at commit time.
+            QuorumLostError: the ``guard`` refused the commit (rank 0; nothing is committed).
         """
         comm, store, inj = trainer.comm, self.store, self.injector
         step = trainer.step_id
@@ -180,6 +186,8 @@ class Checkpointer:
         comm.vote(1, op="checkpoint-files")
         committed: Optional[Checkpoint] = None
         if comm.is_main:
+            if self.guard is not None:
+                self.guard(step)  # the membership fence: refused -> no manifest, nothing committed
             lineage = store.lineage()
             meta = {**self.meta, "world_size": comm.world_size, "hosts": hosts, "parent": self.parent,
                     "replayed": [r["steps_replayed"] for r in lineage if r.get("steps_replayed")],

@@ -1,0 +1,349 @@
+"""Membership that heals and cannot split: epochs changed only by a strict majority, fenced commits, rejoin.
+
+Unit tests drive :class:`robustagg.launch.quorum.Membership` on an in-process store and with real
+processes racing on a real ``TCPStore``; the end-to-end tests cut a real 6-process run 4 | 2 (the
+4 continue and commit, the 2 stop with evidence) and 3 | 3 (both stop: no strict majority), and
+grow a run back from 5 to 6 workers with the state of a live peer (after a SIGKILL, and after a
+partition that heals).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from hydra import compose, initialize_config_dir
+
+from experiments.train import train
+from robustagg.errors import ConfigError, QuorumLostError
+from robustagg.launch.quorum import SEAL, Membership, next_epoch
+from robustagg.training import Fault
+from robustagg.training.faults import Partition
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+QUIET = ["logger=none", "trainer.progress=false", "trainer.eval_every=0", "trainer.param_check_every=0",
+         "trainer.batch_size=8", "trainer.reduction=gather", "trainer.collective_timeout_s=60", "data=synthetic"]
+SIX = (0, 1, 2, 3, 4, 5)
+
+
+def _store() -> Membership:
+    ms = Membership(dist.HashStore())
+    ms.install(SIX)
+    return ms
+
+
+# --- the rule, in one process --------------------------------------------------------------------------
+def test_only_a_strict_majority_may_propose_the_next_epoch():
+    ms = _store()
+    with pytest.raises(QuorumLostError, match=r"cannot propose \{0, 1, 2\} of \{0, 1, 2, 3, 4, 5\}: a strict "
+                                              r"majority needs 4 members"):
+        ms.propose(0, [0, 1, 2])  # half is not a majority
+    assert ms.current() == (0, SIX)
+    assert ms.propose(0, [3, 0, 2, 1]) == (0, 1, 2, 3)
+    assert ms.current() == (1, (0, 1, 2, 3))
+    with pytest.raises(QuorumLostError, match=r"only members of epoch 1 \{0, 1, 2, 3\} decide"):
+        ms.propose(1, [0, 1, 4])  # a worker outside the last membership has no vote
+
+
+def test_the_first_proposal_wins_and_a_second_one_reads_it():
+    # asymmetric reachability: two overlapping majorities, both proposing; one epoch results
+    ms = _store()
+    assert ms.propose(0, [0, 1, 2, 3]) == (0, 1, 2, 3)
+    assert ms.propose(0, [2, 3, 4, 5]) == (0, 1, 2, 3)  # the store holds the first
+    assert ms.current() == (1, (0, 1, 2, 3))
+
+
+def test_commits_are_fenced_per_epoch_and_per_step():
+    ms = _store()
+    ms.claim_commit(0, 4)
+    with pytest.raises(QuorumLostError, match=r"refusing to commit step 4: it was already committed under "
+                                              r"membership epoch 0"):
+        ms.claim_commit(0, 4)
+    ms.propose(0, [0, 1, 2, 3])  # seals epoch 0
+    with pytest.raises(QuorumLostError, match=r"refusing to commit step 6: membership epoch 0 was replaced by "
+                                              r"epoch 1 \{0, 1, 2, 3\}"):
+        ms.claim_commit(0, 6)
+    ms.claim_commit(1, 6)  # the new epoch commits
+    assert int(ms.store.add(f"{ms.prefix}/fence/0", 0)) >= SEAL
+
+
+def test_next_epoch_after_a_crash_and_after_a_split_without_majority():
+    ms = _store()
+    assert next_epoch(ms, 0, [5], step=4) == (1, (0, 1, 2, 3, 4), "launcher")
+    with pytest.raises(QuorumLostError, match=r"lost quorum at step 7: \{0, 1\} of \{0, 1, 2, 3, 4\} survive "
+                                              r"\(a strict majority needs 3\)"):
+        next_epoch(ms, 1, [2, 3, 4], step=7)
+    ms2 = _store()
+    with pytest.raises(QuorumLostError, match=r"no side of the group holds a strict majority of the last committed "
+                                              r"membership \{0, 1, 2, 3, 4, 5\} at step 3 .*: side A; side B\."):
+        next_epoch(ms2, 0, [], step=3, reports=["side A", "side B", "side A"])
+    assert ms2.epoch() == 0  # nothing installed
+
+
+def test_partition_fault_options_and_sides():
+    f = Fault("partition", step=3, workers=[5, 4, 4])
+    assert f.workers == (4, 5) and f.describe()["workers"] == [4, 5]
+    with pytest.raises(ConfigError, match=r"join_step is a rejoin and partition option"):
+        Fault("crash", step=3, join_step=4)
+    with pytest.raises(ConfigError, match=r"a partition needs the worker ids it cuts off"):
+        Fault("partition", step=3)
+    with pytest.raises(ConfigError, match=r"workers is a partition option; remove it"):
+        Fault("crash", step=3, workers=[1])
+    assert Partition("p", 3, (4, 5), inside=True).reachable(SIX) == (4, 5)
+    assert Partition("p", 3, (4, 5), inside=False).reachable([0, 2, 4]) == (0, 2)
+
+
+# --- the protocol with real processes racing on one TCPStore ---------------------------------------------
+def _side(port: int, me: int, cut: tuple[int, ...], q: "mp.Queue[tuple[int, str, object]]") -> None:
+    ms = Membership(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)))
+    side = Partition("p", 3, cut, inside=me in cut).reachable(SIX)
+    try:
+        d = ms.decide(0, me, side, step=3, wait_s=60.0)
+        q.put((me, "won", list(d.after)))
+    except QuorumLostError as exc:
+        q.put((me, "lost", str(exc)))
+
+
+def _race(cut: tuple[int, ...]) -> tuple[dict[int, tuple[str, object]], Membership]:
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    ms = Membership(server)
+    ms.install(SIX)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_side, args=(server.port, w, cut, q)) for w in SIX]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in SIX:
+        me, verdict, what = q.get(timeout=120)
+        got[me] = (verdict, what)
+    for p in procs:
+        p.join(30)
+    return got, ms
+
+
+def test_six_processes_cut_4_2_install_the_four_and_stop_the_two():
+    got, ms = _race((4, 5))
+    assert {w: v for w, (v, _) in got.items()} == {0: "won", 1: "won", 2: "won", 3: "won", 4: "lost", 5: "lost"}
+    assert all(what == [0, 1, 2, 3] for v, what in got.values() if v == "won")
+    for w in (4, 5):
+        assert got[w][1].startswith("lost quorum at step 3: reached {4, 5} of {0, 1, 2, 3, 4, 5} (a strict "
+                                    "majority needs 4); this side stops and commits no checkpoint")
+    assert ms.current() == (1, (0, 1, 2, 3))
+
+
+def test_six_processes_cut_3_3_install_nothing():
+    got, ms = _race((3, 4, 5))
+    assert all(v == "lost" for v, _ in got.values())
+    assert got[0][1].startswith("lost quorum at step 3: reached {0, 1, 2} of {0, 1, 2, 3, 4, 5}")
+    assert got[5][1].startswith("lost quorum at step 3: reached {3, 4, 5} of {0, 1, 2, 3, 4, 5}")
+    assert ms.epoch() == 0
+
+
+def _claim(port: int, epoch: int, q: "mp.Queue[bool]") -> None:
+    ms = Membership(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)))
+    try:
+        ms.claim_commit(epoch, 8)
+        q.put(True)
+    except QuorumLostError:
+        q.put(False)
+
+
+def test_racing_committers_of_one_step_commit_it_once():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    Membership(server).install(SIX)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_claim, args=(server.port, 0, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    wins = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert sorted(wins) == [False, False, False, True]
+
+
+# --- a real 6-process run, partitioned ----------------------------------------------------------------------
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[*QUIET, *overrides])
+
+
+def _run(tmp_path: Path, cut: str):
+    return train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=6",
+                      "trainer.checkpoint.every=2", "faults=[partition]", f"faults.partition.workers={cut}",
+                      "faults.partition.step=3", "trainer.on_failure=shrink", "trainer.max_restarts=1"),
+                 out_dir=tmp_path / "run", quiet=True)
+
+
+def _manifests(run: Path) -> dict[int, dict]:
+    out = {}
+    for p in sorted((run / "checkpoints").glob("step-*")):
+        if p.is_dir() and (p / "manifest.json").is_file():
+            m = json.loads((p / "manifest.json").read_text())
+            out[int(m["step"])] = m
+    return out
+
+
+def test_partition_4_2_the_four_continue_and_commit_the_two_stop_with_evidence(tmp_path):
+    s = _run(tmp_path, "[4,5]")
+    run = tmp_path / "run"
+    assert (s["n"], s["workers"], s["steps"], s["restarts"]) == (4, [0, 1, 2, 3], 6, 1)
+    shrink = next(r for r in s["lineage"] if r.get("event") == "shrink")
+    assert shrink["lost_workers"] == [4, 5] and shrink["step"] == 2
+    assert shrink["membership"] == {"epoch": [0, 1], "before": list(SIX), "after": [0, 1, 2, 3],
+                                    "decided_by": "quorum",
+                                    "state_from": "disk: the newest committed checkpoint every member verifies"}
+    ev = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in (run / "evidence" / "attempt-0").glob("rank-*.json")}
+    for r in (4, 5):
+        assert ev[r]["kind"] == "quorum_lost" and ev[r]["step"] == 3
+        assert ev[r]["exception"]["message"].startswith(
+            "lost quorum at step 3: reached {4, 5} of {0, 1, 2, 3, 4, 5} (a strict majority needs 4)")
+    for r in (0, 1, 2, 3):
+        if r in ev:  # a majority member may be stopped by the launcher before it wrote evidence
+            assert ev[r]["kind"] == "partition" and ev[r]["quorum"]["won"] is True
+    # every checkpoint committed after the cut is the four's, under the new epoch; none is the two's
+    ms = _manifests(run)
+    assert sorted(ms) == [2, 4, 6]
+    assert ms[2]["identities"] == list(SIX) and ms[2]["membership_epoch"] == 0
+    for step in (4, 6):
+        assert ms[step]["identities"] == [0, 1, 2, 3] and ms[step]["membership_epoch"] == 1
+        assert ms[step]["world_size"] == 4
+
+
+def test_partition_3_3_stops_both_sides_with_a_clear_message(tmp_path):
+    with pytest.raises(QuorumLostError) as info:
+        _run(tmp_path, "[3,4,5]")
+    msg = str(info.value)
+    assert msg.startswith("no side of the group holds a strict majority of the last committed membership "
+                          "{0, 1, 2, 3, 4, 5} at step 3 (a strict majority needs 4)")
+    assert "reached {0, 1, 2} of {0, 1, 2, 3, 4, 5}" in msg and "reached {3, 4, 5} of {0, 1, 2, 3, 4, 5}" in msg
+    run = tmp_path / "run"
+    assert sorted(_manifests(run)) == [2]  # nothing was committed after the cut
+    lineage = [json.loads(x) for x in (run / "checkpoints" / "lineage.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in lineage if r.get("event") == "quorum_lost"] == ["quorum_lost"]
+
+
+# --- grow and heal: a replacement rejoins the running group from a live peer --------------------------------
+def test_grow_job_is_the_inverse_of_shrink_and_keeps_the_joiners_role():
+    from experiments.wiring import validate
+    from robustagg.launch import grow_job, shrink_job
+
+    plan = validate(_cfg("threat.n=6", "threat.f=1", "aggregator=trimmed_mean", "attack=sign_flip",
+                         "trainer.steps=1"))
+    job = plan.job()
+    assert job.byzantine_ids == (5,)
+    small, _ = shrink_job(job, [5, 2])
+    assert small.identities == (0, 1, 3, 4) and small.byzantine_ids == ()
+    back, rec = grow_job(small, [5, 2], byzantine=[5])
+    assert back.identities == job.identities and back.byzantine_ids == (5,) and back.byzantine_ranks == (5,)
+    assert (rec["old_n"], rec["new_n"], rec["joined"], rec["effective_batch"]) == (4, 6, [2, 5], [4 * 8, 6 * 8])
+    with pytest.raises(ConfigError, match=r"worker\(s\) \[0\] are already members"):
+        grow_job(small, [0])
+    spread, _ = shrink_job(validate(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none",
+                                         "trainer.shrink_shards=redistribute", "trainer.steps=1")).job(), [5])
+    with pytest.raises(ConfigError, match=r"cannot rejoin after trainer.shrink_shards=redistribute"):
+        grow_job(spread, [5])
+
+
+def test_the_joiner_refuses_state_that_does_not_match_the_peers_manifest():
+    import io
+
+    import torch
+
+    from robustagg.errors import CheckpointError
+    from robustagg.launch.grow import _sha, receive_state
+
+    buf = io.BytesIO()
+    torch.save({"step": 3, "model": {"w": torch.arange(4.0)}}, buf)
+    payload = buf.getvalue()
+    man = {"sha256": _sha(payload), "size": len(payload), "step": 3, "from_worker": 0}
+    got = receive_state({"manifest": man, "payload": payload})
+    assert got["step"] == 3 and torch.equal(got["model"]["w"], torch.arange(4.0))
+    bad = bytearray(payload)
+    bad[len(bad) // 2] ^= 0x01  # one bit flipped in transit
+    with pytest.raises(CheckpointError, match=r"the state received from worker 0 does not match its manifest"):
+        receive_state({"manifest": man, "payload": bytes(bad)})
+
+
+class DigestLog:
+    """Test callback (every rank): after every step, its worker ids, world size, parameter and optimizer digests."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, trainer, out) -> None:
+        rec = {"step": trainer.step_id, "world": trainer.comm.world_size,
+               "workers": sorted(trainer.identities.values()), "params": trainer.parameter_digest(),
+               "optim": trainer.optimizer_digest(), "rows": int(out.reduced.matrix.shape[0])}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+
+def test_six_workers_one_killed_shrink_to_five_then_rejoin_from_a_live_peer(tmp_path):
+    log = tmp_path / "digests.jsonl"
+    s = train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=12",
+                   "trainer.checkpoint.every=2", "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=4",
+                   "faults.rejoin.seconds=0.5", "faults.rejoin.join_step=6", "trainer.on_failure=shrink", "trainer.rejoin=true",
+                   "trainer.max_restarts=1", f"trainer.callbacks=[{{_target_: test_membership.DigestLog, path: '{log}'}}]"),
+              out_dir=tmp_path / "run", quiet=True)
+    assert (s["n"], s["workers"], s["steps"], s["restarts"]) == (6, list(SIX), 12, 1)
+    events = [r["event"] for r in s["lineage"]]
+    assert "shrink" in events and "grow" in events
+    shrink = next(r for r in s["lineage"] if r["event"] == "shrink")
+    grow = next(r for r in s["lineage"] if r["event"] == "grow")
+    assert shrink["lost_workers"] == [5] and shrink["new_n"] == 5
+    assert (grow["old_n"], grow["new_n"], grow["joined"], grow["members"], grow["epoch"]) == (5, 6, [5], list(SIX), [1, 2])
+    assert grow["effective_batch"] == [5 * 8, 6 * 8] and grow["normalisation"] == "mean over the 6 members"
+    assert grow["state_from"].startswith("live peer worker 0 over the process group")
+    assert grow["own_state_from"] == {"5": "step-00000002"}  # its data position and RNG: the last copy holding it
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    b = int(grow["step"])
+    after = [r for r in recs if r["step"] > b]
+    shrunk = [r for r in recs if shrink["step"] < r["step"] <= b and r["world"] == 5]
+    # restored at 2, steps 3-6 as five (one record per rank and step), then six from step 7
+    assert b == 6 and sorted(r["step"] for r in shrunk) == [k for k in (3, 4, 5, 6) for _ in range(5)]
+    assert all(r["rows"] == 5 and 5 not in r["workers"] for r in shrunk)
+    assert {r["world"] for r in after} == {6} and all(r["rows"] == 6 for r in after)
+    assert sorted({w for r in after for w in r["workers"]}) == list(SIX)  # the joiner trained too
+    # at the end every rank holds the same parameters and optimizer state (the joiner included)
+    final = [r for r in recs if r["step"] == 12]
+    assert len(final) == 6 and len({(r["params"], r["optim"]) for r in final}) == 1
+    # the manifests after the grow are the six's, under the new epoch
+    ms = _manifests(tmp_path / "run")
+    assert ms[12]["identities"] == list(SIX) and ms[12]["membership_epoch"] == 2
+
+
+def test_partition_4_2_that_heals_lets_the_two_rejoin_the_four(tmp_path):
+    log = tmp_path / "digests.jsonl"
+    s = train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=8",
+                   "trainer.checkpoint.every=2", "faults=[partition]", "faults.partition.workers=[4,5]",
+                   "faults.partition.step=3", "faults.partition.seconds=0.5", "faults.partition.join_step=5",
+                   "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.max_restarts=1",
+                   f"trainer.callbacks=[{{_target_: test_membership.DigestLog, path: '{log}'}}]"),
+              out_dir=tmp_path / "run", quiet=True)
+    assert (s["n"], s["workers"], s["steps"]) == (6, list(SIX), 8)
+    shrink = next(r for r in s["lineage"] if r["event"] == "shrink")
+    grow = next(r for r in s["lineage"] if r["event"] == "grow")
+    assert shrink["membership"]["decided_by"] == "quorum" and shrink["lost_workers"] == [4, 5]
+    assert (grow["step"], grow["joined"], grow["epoch"]) == (5, [4, 5], [1, 2])
+    assert grow["own_state_from"] == {"4": "step-00000002", "5": "step-00000002"}
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert sorted({r["world"] for r in recs if 2 < r["step"] <= 5}) == [4]
+    final = [r for r in recs if r["step"] == 8]
+    assert len(final) == 6 and len({(r["params"], r["optim"]) for r in final}) == 1
+
+
+def test_a_replacement_without_a_committed_copy_of_its_state_stays_out_and_the_run_goes_on(tmp_path):
+    s = train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=6",
+                   "trainer.checkpoint.every=4", "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=2",
+                   "faults.rejoin.seconds=0.1", "trainer.on_failure=shrink", "trainer.rejoin=true",
+                   "trainer.max_restarts=1"), out_dir=tmp_path / "run", quiet=True)
+    assert (s["n"], s["workers"], s["steps"]) == (5, [0, 1, 2, 3, 4], 6)  # killed before any commit
+    (refused,) = [r for r in s["lineage"] if r["event"] == "rejoin_refused"]
+    assert refused["worker"] == 5 and "holds worker 5's state; it cannot rejoin" in refused["reason"]
+    assert not [r for r in s["lineage"] if r["event"] == "grow"]
