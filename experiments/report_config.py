@@ -181,17 +181,20 @@ def describe_run(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def protocol_axes(node: Any, n: int) -> dict[str, Any]:
     """The availability axes of a run's ``protocol`` node: ``protocol`` (its class name, lower case),
-    ``participation`` (fraction of the n workers sampled per round: ``clients_per_round / n`` under
-    uniform sampling, else 1) and ``tau`` (``max_staleness``, 0 for synchronous protocols)."""
+    ``participation`` (rounds with client sampling: the fraction of the n clients sampled per round,
+    ``clients_per_round / n`` under uniform sampling, else 1; dsgd: 1; other protocols: NaN) and
+    ``tau`` (an asynchronous protocol's ``max_staleness``; dsgd: 0; other protocols: NaN)."""
     node = node if isinstance(node, dict) else {}
     target = str(node.get("_target_") or "robustagg.protocols.DSGD")
+    name = target.rsplit(".", 1)[-1].lower()
     k = node.get("clients_per_round")
-    part = 1.0
-    if isinstance(k, (int, float)) and n > 0 and str(node.get("sampling", "uniform")) != "all":
-        part = min(1.0, float(k) / n)
-    tau = node.get("max_staleness")
-    return {"protocol": target.rsplit(".", 1)[-1].lower(), "participation": part,
-            "tau": int(tau) if isinstance(tau, (int, float)) else 0}
+    part, tau = (1.0, 0.0) if name == "dsgd" else (math.nan, math.nan)
+    if isinstance(k, (int, float)) and n > 0:
+        part = 1.0 if str(node.get("sampling", "uniform")) == "all" else min(1.0, float(k) / n)
+    t = node.get("max_staleness")
+    if isinstance(t, (int, float)):
+        tau = float(t)
+    return {"protocol": name, "participation": part, "tau": tau}
 
 
 def _params(*nodes: Any) -> dict[str, Any]:

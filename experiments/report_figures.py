@@ -411,7 +411,11 @@ def availability_vs_bias(runs: pd.DataFrame, axis: str = "participation") -> Opt
     ``axis`` were run."""
     if axis not in runs or "status" not in runs:
         return None
+    family = {"participation": "localrounds", "tau": "asyncsgd"}.get(axis)
     ok = runs[runs["status"] == "ok"]
+    if family is not None and "protocol" in ok:  # one protocol per axis: never pool local and async runs
+        ok = ok[ok["protocol"] == family]
+    ok = ok[ok[axis].notna()]
     if ok.empty or ok[axis].nunique() < 2:
         return None
     rules = order(ok["rule"], RULE_ORDER)

@@ -391,6 +391,14 @@ def _protocol_checks(cfg: DictConfig, rule: Aggregator, n: int) -> list[str]:
     proto = build_protocol(cfg)
     if proto is not None:
         proto.check(n=n, rule=rule)  # its values (protocol.<key>) and its fit to n and the rule
+        pf = (cfg.get("protocol") or {}).get("f")
+        if pf is not None and int(pf) != int(cfg.threat.f):
+            raise ConfigError(f"protocol.f={pf} differs from threat.f={cfg.threat.f}; the protocol's f is the run's "
+                              f"declared Byzantine bound. Set threat.f={pf} instead (protocol.f follows it).")
+        if bool(cfg.trainer.measure_bias) and getattr(cfg.trainer.mode, "value", cfg.trainer.mode) == "processes":
+            raise ConfigError(f"trainer.measure_bias=true needs trainer.mode=simulated under protocol={proto.name}: "
+                              "its reference evaluates every worker's submission in one process. Use "
+                              "trainer.mode=simulated (bit-identical to processes) or trainer.measure_bias=false.")
         if not getattr(proto, "shrinkable", True) and str(cfg.trainer.on_failure) == "shrink":
             raise ConfigError(f"protocol={proto.name} keeps its state over a fixed n; trainer.on_failure=shrink "
                               "cannot run with it. Use trainer.on_failure=restart.")

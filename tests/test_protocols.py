@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,20 @@ def test_more_processes_than_workers_is_refused_before_anything_starts(tmp_path)
         train(_cfg("threat.n=3", "threat.f=0", "aggregator=mean", "attack=none", "trainer.processes=4",
                    "trainer.steps=1"), out_dir=tmp_path / "x", quiet=True)
     assert not (tmp_path / "x" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["protocol=redundant", "threat.n=9", "trainer.on_failure=shrink"], "trainer.on_failure=shrink"),
+    (["protocol=local", "threat.n=10", "protocol.clients_per_round=5", "trainer.on_failure=shrink"],
+     "trainer.on_failure=shrink"),
+    (["protocol=redundant", "threat.n=9", "protocol.f=5"], "protocol.f=5 differs from threat.f=2"),
+    (["protocol=local", "threat.n=10", "protocol.clients_per_round=5", "trainer.measure_bias=true",
+      "trainer.mode=processes"], "trainer.measure_bias=true needs trainer.mode=simulated"),
+])
+def test_protocol_settings_that_cannot_hold_are_refused_before_launch(tmp_path, overrides, words):
+    # found by a review run: each of these used to start and then fail, or silently measure nothing
+    from robustagg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        train(_cfg(*overrides, "trainer.steps=2"), out_dir=tmp_path / "x", quiet=True)
+    assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())

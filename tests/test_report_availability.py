@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from experiments.report_config import protocol_axes
@@ -11,9 +13,11 @@ from experiments.report_figures import availability_vs_bias
 def test_protocol_axes_read_participation_and_staleness():
     assert protocol_axes(None, 10) == {"protocol": "dsgd", "participation": 1.0, "tau": 0}
     local = {"_target_": "robustagg.protocols.LocalRounds", "clients_per_round": 10, "sampling": "uniform"}
-    assert protocol_axes(local, 100) == {"protocol": "localrounds", "participation": 0.1, "tau": 0}
+    got = protocol_axes(local, 100)
+    assert (got["protocol"], got["participation"], math.isnan(got["tau"])) == ("localrounds", 0.1, True)
     assert protocol_axes({**local, "sampling": "all"}, 100)["participation"] == 1.0
-    assert protocol_axes({"_target_": "x.Async", "max_staleness": 4}, 8)["tau"] == 4
+    asy = protocol_axes({"_target_": "robustagg.protocols.AsyncSGD", "max_staleness": 4}, 8)
+    assert asy["tau"] == 4 and math.isnan(asy["participation"])  # async rows are not "full participation"
 
 
 def _runs(axis):
@@ -22,8 +26,18 @@ def _runs(axis):
         for rule in ("mean", "trimmed_mean"):
             for attack in ("none", "alie"):
                 rows.append({"status": "ok", "rule": rule, "attack": attack, axis: v, "final_acc": 0.5 + v / 4,
-                             "mean_kappa_hat": 0.1 / v, "mean_bias_vs_sync_rel": 0.2 / v})
+                             "mean_kappa_hat": 0.1 / v, "mean_bias_vs_sync_rel": 0.2 / v,
+                             "protocol": "localrounds" if axis == "participation" else "asyncsgd"})
     return pd.DataFrame(rows)
+
+
+def test_the_axes_never_pool_two_protocols():
+    # an async run at the same x as a local one must not enter the participation line (review finding)
+    runs = _runs("participation")
+    other = runs.assign(protocol="asyncsgd", final_acc=0.0)
+    fig = availability_vs_bias(pd.concat([runs, other]), "participation")
+    acc = [a for a in fig.axes if a.get_visible() and a.lines][0].lines[0]
+    assert list(acc.get_ydata()) == [52.5, 62.5, 75.0]
 
 
 def test_one_line_per_rule_and_attack_on_each_panel():

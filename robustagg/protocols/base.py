@@ -68,6 +68,8 @@ class Protocol(abc.ABC):
 
     name: ClassVar[str] = ""
     gathers: ClassVar[bool] = True
+    #: False when an elastic shrink cannot continue the protocol's state (refused before launch).
+    shrinkable: ClassVar[bool] = True
 
     def bind(self, trainer: Trainer) -> None:
         """Called once by the trainer it serves (size client state, check the setting).

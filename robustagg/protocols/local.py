@@ -132,6 +132,8 @@ class LocalRounds(Protocol):
     """
 
     name: ClassVar[str] = "local"
+    #: An elastic shrink would renumber the clients the rounds sample from: not supported (refused before launch).
+    shrinkable: ClassVar[bool] = False
     gathers: ClassVar[bool] = True
 
     def __init__(self, *, clients_per_round: int = 10, sampling: str = "uniform", local_steps: int = 1,

@@ -232,6 +232,8 @@ class Redundant(DSGD):
     """
 
     name: ClassVar[str] = "redundant"
+    #: A shrink breaks the replica groups (r must divide n): refused before launch.
+    shrinkable: ClassVar[bool] = False
     gathers: ClassVar[bool] = True
 
     def __init__(self, *, r: int = 3, f: Optional[int] = None, on_no_majority: str = "drop",
