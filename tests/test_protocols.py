@@ -97,12 +97,14 @@ def test_workers_sharing_processes_train_bit_for_bit_like_simulated(tmp_path):
     assert json.loads(manifest.read_text())["hosts"] == {"rank-0.pt": [0, 1, 2], "rank-1.pt": [3, 4]}
 
 
-def test_more_processes_than_workers_is_refused_before_anything_starts(tmp_path):
+@pytest.mark.parametrize("mode", ["processes", "simulated"])
+def test_more_processes_than_workers_is_refused_before_anything_starts(tmp_path, mode):
+    # simulated mode used to accept trainer.processes=4 for 3 workers without a word
     from robustagg.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="trainer.processes"):
+    with pytest.raises(ConfigError, match="trainer.processes=4 exceeds the n=3"):
         train(_cfg("threat.n=3", "threat.f=0", "aggregator=mean", "attack=none", "trainer.processes=4",
-                   "trainer.steps=1"), out_dir=tmp_path / "x", quiet=True)
+                   "trainer.steps=1", f"trainer.mode={mode}"), out_dir=tmp_path / "x", quiet=True)
     assert not (tmp_path / "x" / "summary.json").exists()
 
 

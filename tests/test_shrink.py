@@ -113,3 +113,12 @@ def test_shrink_job_drops_or_redistributes_the_lost_shard_and_keeps_roles():
     with pytest.raises(ConfigError, match="no honest worker is left"):
         shrink_job(validate(_cfg("threat.n=3", "threat.f=1", "threat.byzantine=1", "aggregator=mean", "strict=false",
                                  "attack=sign_flip", "data=synthetic", "trainer.steps=1")).job(), [0, 1])
+
+
+def test_one_process_per_worker_spelt_out_stays_so_after_a_shrink():
+    # trainer.processes=n is one process per worker; the shrunk job of n-1 workers must not carry
+    # processes=n (more processes than workers, refused by Job)
+    plan = validate(_cfg("threat.n=6", "threat.f=1", "aggregator=trimmed_mean", "attack=sign_flip", "data=synthetic",
+                         "trainer.steps=1", "trainer.processes=6"))
+    shrunk, _ = shrink_job(plan.job(), [2])
+    assert shrunk.n == 5 and shrunk.processes() == 5 and shrunk.hosts() is None

@@ -218,7 +218,7 @@ class Job:
 
     Raises:
         ConfigError: ``n < 1``, identities of the wrong length or not distinct, Byzantine ids that
-            are not workers, or every worker Byzantine.
+            are not workers, every worker Byzantine, or ``settings.processes`` above ``n``.
     """
 
     build: Callable[["WorkerContext"], WorkerParts]
@@ -270,6 +270,7 @@ class Job:
             raise ConfigError(f"at least one worker must be honest; got {len(self.byzantine_ids)} Byzantine of "
                               f"n={self.n}.")
         self.n_initial = int(self.n_initial or self.n)
+        self.processes()  # refuse trainer.processes > n in either mode, not only when processes start
 
     def processes(self) -> int:
         """OS processes of the ``processes`` mode (``settings.processes``, or one per worker).
@@ -404,8 +405,11 @@ def shrink_job(job: Job, lost: Sequence[int], *, reason: str = "") -> tuple[Job,
     if policy == "redistribute" and gone:
         for i, w in enumerate(survivors):
             extra.setdefault(w, []).append((gone, i, new_n))
+    settings = job.settings  # trainer.processes=n means one process per worker: it stays that after a shrink
+    if int(settings.processes) == old_n:
+        settings = dataclasses.replace(settings, processes=0)
     new = dataclasses.replace(job, n=new_n, identities=survivors, byzantine_ids=byz, extra_data=extra,
-                              violations=job.violations + list(violations),
+                              settings=settings, violations=job.violations + list(violations),
                               assumption_violated=job.assumption_violated or bool(violations))
     b = int(job.settings.batch_size)
     record = {"event": "shrink", "old_n": old_n, "new_n": new_n, "lost_workers": sorted(lost_set),
