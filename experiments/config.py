@@ -16,6 +16,7 @@ class takes; ``faults`` holds one named entry per selected file, each checked ag
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 from dataclasses import dataclass, field
@@ -443,6 +444,72 @@ def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> 
                 hint = f" (did you mean {' or '.join(near)}?)" if near else ""
                 raise ConfigError(f"{override}: conf/{key}/ has no option {item!r}{hint}; the options: "
                                   f"{', '.join(options)}.")
+
+
+def _setting_paths(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Every dotted setting path below the dataclass ``node`` (its own fields and, recursively, theirs)."""
+    import typing
+
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(node)
+    for f in dataclasses.fields(node):
+        path = f"{prefix}{f.name}"
+        sub = hints[f.name] if dataclasses.is_dataclass(hints[f.name]) else None
+        out[path] = sub
+        if sub is not None:
+            out.update(_setting_paths(sub, path + "."))
+    return out
+
+
+def check_setting_keys(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
+    """Refuse a command-line ``a.b=VALUE`` whose key is not a setting, in one line, with the nearest keys.
+
+    Hydra's own message for ``trainer.stpes=5`` spans six lines and suggests appending the key
+    (``+trainer.stpes=5``), which the schema then refuses. Keys below a typed node of
+    :class:`TrainConfig` (``threat``, ``data``, ``trainer``, ``logger``, ``server`` ...) are checked
+    against its fields; keys below a free node (``aggregator.f``, ``optimizer.lr``, ``faults.crash.step``),
+    group choices, ``hydra.*`` and appended (``+``) or deleted (``~``) keys are left to Hydra.
+
+    Args:
+        overrides: the command-line overrides (``sys.argv[1:]``; flags are skipped).
+        conf_dir: the config folder (group names are its sub-folders).
+
+    Raises:
+        ConfigError: a key that is not a setting, naming the nearest ones (``trainer.stpes``: did you
+            mean ``trainer.steps``?).
+    """
+    from robustagg.errors import ConfigError
+
+    paths = _setting_paths(TrainConfig)
+    for override in overrides:
+        key, sep, _ = override.partition("=")
+        key = key.strip()
+        if not sep or not key or key.startswith(("-", "+", "~")) or "/" in key or key.split(".")[0] == "hydra":
+            continue
+        parts = key.split(".")
+        if len(parts) == 1 and (conf_dir / key).is_dir():
+            continue  # a group choice: check_group_choices
+        node: Any = TrainConfig
+        for depth in range(len(parts)):
+            path = ".".join(parts[:depth + 1])
+            if path in paths:
+                node = paths[path]
+                if node is None:
+                    break  # a leaf or a free node: Hydra and the schema check the rest
+                continue
+            siblings = [p for p in paths if p.count(".") == depth and p.startswith(".".join(parts[:depth]))]
+            near = difflib.get_close_matches(path, siblings, n=2, cutoff=0.6)
+            by_name: dict[str, list[str]] = {}
+            for p in paths:
+                by_name.setdefault(p.rsplit(".", 1)[-1], []).append(p)
+            for name in difflib.get_close_matches(parts[depth], list(by_name), n=2, cutoff=0.75):
+                near += [p for p in by_name[name] if p not in near]
+            where = "the configuration" if depth == 0 else ".".join(parts[:depth])
+            hint = f"did you mean {' or '.join(near[:3])}? " if near else ""
+            listed = conf_dir / parts[0] / "default.yaml"
+            see = (f"the settings are listed in conf/{parts[0]}/default.yaml" if depth and listed.is_file()
+                   else "python -m experiments.train --cfg job prints every setting")
+            raise ConfigError(f"{override}: {path!r} is not a setting of {where}; {hint}({see}).")
 
 
 def register_configs() -> None:

@@ -105,9 +105,13 @@ def test_out_dir_given_leaves_no_stray_hydra_folder(tmp_path):
     assert (tmp_path / "mine" / "summary.json").is_file() and not (tmp_path / "outputs").exists()
 
 
-@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden"])
-def test_a_run_name_that_is_not_a_plain_folder_name_is_refused_in_one_line(tmp_path, name):
-    p = subprocess.run([sys.executable, "-m", "experiments.train", f"run_name={name}", "trainer.mode=simulated",
+@pytest.mark.parametrize("arg, words", [("run_name=../x", "must be a plain folder name"),
+                                        ("run_name=a/b", "must be a plain folder name"),
+                                        ("run_name=.hidden", "must be a plain folder name"),
+                                        ("trainer.stpes=5", "did you mean trainer.steps")])
+def test_a_bad_run_name_or_setting_key_is_refused_in_one_line(tmp_path, arg, words):
+    p = subprocess.run([sys.executable, "-m", "experiments.train", arg, "trainer.mode=simulated",
                         "logger=none"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2 and "must be a plain folder name" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "x").exists()
