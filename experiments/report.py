@@ -42,7 +42,8 @@ from robustagg.errors import ConfigError
 from .report_figures import (accuracy_heatmap, availability_vs_bias, kappa_curves, learning_curves, save_figure,
                              tradeoff_scatter, weight_vs_skew)
 from .report_load import SweepData, load_sweep, write_atomic
-from .report_tables import Report, across_settings, add_derived, backdoor_table, pivot, slug, to_markdown, tradeoff
+from .report_tables import (Report, across_settings, add_derived, availability_table, backdoor_table, pivot, slug,
+                            to_markdown, tradeoff)
 
 __all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
 
@@ -85,6 +86,16 @@ def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, sett
              "†k: k of the runs diverged (non-finite values) and are scored at chance accuracy 1/C. "
              "Suppression and integrity losses are in percentage points (pp); smaller is better "
              "(definitions at the end).", ""]
+    avail = availability_table(results)
+    if avail is not None:
+        lines += ["## Availability against bias", "",
+                  "How far each update moves from the synchronous, full-participation honest mean as fewer "
+                  "(participation) or staler (τ) rows reach the server: `bias` = mean over updates of "
+                  "‖update − honest mean of all n‖, `rel. bias` = the same over ‖honest mean‖ "
+                  "(`agg/bias_vs_sync`, docs/metrics.md). Local-round bias is in model-delta units and "
+                  "synchronous bias in gradient units: compare the relative column across protocols. Means "
+                  "over seeds; `rounds over f`: rounds whose sampled Byzantine clients exceeded the rule's f.", "",
+                  to_markdown(avail, index=False), ""]
     if len(settings) > 1 and (results["attack"] == "none").any():
         lines += ["## No attack: final test accuracy (%) across settings", "",
                   "What each rule throws away as the data gets more heterogeneous (suppression at a glance).", "",

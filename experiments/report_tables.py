@@ -31,7 +31,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["Report", "RULE_ORDER", "ATTACK_ORDER", "BACKDOORS", "backdoor_table", "SCORED", "add_derived",
+__all__ = ["Report", "RULE_ORDER", "ATTACK_ORDER", "BACKDOORS", "availability_table", "backdoor_table", "SCORED", "add_derived",
            "across_settings", "mean_grid", "setting_labels", "tradeoff", "pareto_front", "pivot", "to_markdown",
            "order", "slug"]
 
@@ -237,6 +237,36 @@ def backdoor_table(runs: pd.DataFrame, setting: str) -> "pd.DataFrame | None":
     if not names:
         return None
     return pivot(sub[sub["attack"].isin(names)], "final_asr", setting)
+
+
+AVAILABILITY_COLUMNS = [("mean_bias_vs_sync", "bias"), ("mean_bias_vs_sync_rel", "rel. bias"),
+                        ("mean_kappa_hat", "κ̂"), ("mean_staleness", "staleness"),
+                        ("rounds_without_guarantee", "rounds over f"), ("final_acc", "acc (%)")]
+
+
+def availability_table(runs: pd.DataFrame) -> "pd.DataFrame | None":
+    """Attack x rule x protocol x participation x τ table of the bias against the synchronous
+    full-participation honest mean (``agg/bias_vs_sync``, its relative form, κ̂, staleness, rounds
+    with more sampled Byzantine clients than f, final accuracy in %), means over the finished runs'
+    seeds; ``None`` when no run measured the bias (not an availability sweep)."""
+    if "mean_bias_vs_sync" not in runs or not runs["mean_bias_vs_sync"].notna().any():
+        return None
+    ok = runs[runs["status"].isin(SCORED) & runs["mean_bias_vs_sync"].notna()].copy()
+    keys = ["attack", "rule", "protocol", "participation", "tau"]
+    for k in ("participation", "tau"):
+        ok[k] = ok[k].map(lambda v: "—" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v)
+    cols = [(c, name) for c, name in AVAILABILITY_COLUMNS if c in ok]
+    table = ok.groupby(keys, sort=False)[[c for c, _ in cols]].mean()
+    if "final_acc" in table:
+        table["final_acc"] = table["final_acc"] * 100.0
+    table["seeds"] = ok.groupby(keys, sort=False)["seed"].nunique()
+    table = table.rename(columns=dict(cols)).reset_index()
+    rank = {a: i for i, a in enumerate(order(table["attack"], ATTACK_ORDER))}
+    rule_rank = {r: i for i, r in enumerate(order(table["rule"], RULE_ORDER))}
+    table = table.sort_values(["attack", "rule", "protocol", "participation", "tau"],
+                              key=lambda col: col.map(rank) if col.name == "attack" else
+                              col.map(rule_rank) if col.name == "rule" else col.astype(str), kind="stable")
+    return table.reset_index(drop=True)
 
 
 def mean_grid(runs: pd.DataFrame, value: str, setting: str) -> pd.DataFrame:

@@ -49,3 +49,29 @@ def test_quick_sweep_measures_bias_on_both_axes_and_the_report_draws_them(tmp_pa
             s = json.loads((d / "summary.json").read_text())
             assert s["protocol"] in ("local", "async") and s["mean_bias_vs_sync"] > 0
     assert {"availability_participation.png", "availability_tau.png"} <= {p.name for p in report.files}
+    assert "## Availability against bias" in report.markdown and "| rel. bias |" in report.markdown
+
+
+def test_the_availability_table_averages_seeds_per_protocol_cell():
+    import math
+
+    import pandas as pd
+
+    from experiments.report_tables import availability_table
+
+    nan = math.nan
+    rows = [  # (attack, rule, protocol, participation, tau, seed, bias, rel, acc)
+        ("alie", "trimmed_mean", "localrounds", 0.5, nan, 0, 0.2, 0.4, 0.90),
+        ("alie", "trimmed_mean", "localrounds", 0.5, nan, 1, 0.4, 0.6, 0.80),
+        ("alie", "trimmed_mean", "asyncsgd", nan, 4, 0, 0.3, 0.7, 0.70),
+        ("none", "trimmed_mean", "localrounds", 0.5, nan, 0, 0.1, 0.2, 0.95),
+    ]
+    runs = pd.DataFrame([dict(attack=a, rule=r, protocol=p, participation=q, tau=t, seed=s, mean_bias_vs_sync=b,
+                              mean_bias_vs_sync_rel=rel, final_acc=acc, status="ok") for a, r, p, q, t, s, b, rel, acc
+                         in rows])
+    table = availability_table(runs)
+    assert list(table["attack"]) == ["none", "alie", "alie"]  # the field's attack order, no attack first
+    cell = table[(table["attack"] == "alie") & (table["protocol"] == "localrounds")].iloc[0]
+    assert cell["bias"] == pytest.approx(0.3) and cell["rel. bias"] == pytest.approx(0.5)
+    assert cell["acc (%)"] == pytest.approx(85.0) and cell["seeds"] == 2 and cell["tau"] == "—"
+    assert availability_table(runs.assign(mean_bias_vs_sync=nan)) is None  # not an availability sweep
