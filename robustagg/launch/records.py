@@ -20,7 +20,10 @@ from typing import Any, Optional
 from ..checkpoint import append_jsonl, atomic_write_bytes, read_jsonl
 from ..training.evidence import read_evidence, summarise_evidence
 
-__all__ = ["Attempt", "last_step_reached", "record_failure", "settle_metrics", "summary_from_records"]
+__all__ = ["Attempt", "DETECTIONS_KEPT", "detected_faults", "last_step_reached", "record_failure", "settle_metrics",
+           "summary_from_records"]
+
+DETECTIONS_KEPT = 100
 
 
 @dataclass
@@ -53,6 +56,24 @@ class Attempt:
     changes: Optional[dict[str, Any]] = None
     membership: Optional[dict[str, Any]] = None
     joiners: list[dict[str, Any]] = field(default_factory=list)
+
+
+def detected_faults(records: list[dict[str, Any]], *, keep: int = DETECTIONS_KEPT) -> dict[str, Any]:
+    """The summary's account of ``detections.jsonl``: its first ``keep`` records and the counts.
+
+    A persistent fault (a Byzantine replica outvoted at every step, a straggler) adds a record per
+    step; the summary keeps its size bounded and says how many it left to the file.
+
+    Returns:
+        ``{"detected": records[:keep], "detected_count": len(records), "detected_by_kind":
+        {kind: count}, "detected_truncated": len(records) > keep}``.
+    """
+    by_kind: dict[str, int] = {}
+    for r in records:
+        k = str(r.get("kind", "unknown"))
+        by_kind[k] = by_kind.get(k, 0) + 1
+    return {"detected": records[:keep], "detected_count": len(records), "detected_by_kind": by_kind,
+            "detected_truncated": len(records) > keep}
 
 
 def last_step_reached(out_dir: Path) -> int:

@@ -29,7 +29,7 @@ from .grow import (GrowWatch, Regroup, ask_to_join, form_group, install_grow, ma
                    receive_state, send_state, wait_for_epoch, wait_for_grow)
 from .job import Job, WorkerContext, grow_job
 from .quorum import Membership, fmt_members
-from .records import Attempt, settle_metrics, summary_from_records
+from .records import Attempt, detected_faults, settle_metrics, summary_from_records
 
 __all__ = ["run_worker", "run_joiner", "device_for"]
 
@@ -248,7 +248,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                         "resumed_checkpoint": restored.checkpoint,
                         "lineage": [] if store is None else store.lineage(),
                         "faults": {"injected": fired_faults(None if store is None else store.root / FAULT_LOG),
-                                   "detected": read_jsonl(out / "detections.jsonl")},
+                                   **detected_faults(read_jsonl(out / "detections.jsonl"))},
                         "straggler": stragglers.report() if stragglers is not None else {},
                         "checkpoint_dir": None if store is None else str(store.root)})
         if grown is not None:
