@@ -72,3 +72,104 @@ def test_the_restore_lineage_record_says_how_long_the_restore_took(tmp_path, mon
     got = restore(_trainer(), ck.store, restart=1, reason="test", last_step=3)
     assert got.step == 2 and got.record["time"] == 102.5 and got.record["restore_s"] == 2.5
     assert ck.store.lineage()[-1]["restore_s"] == 2.5
+
+
+# --- the timeline read back from a run's records -----------------------------------------------------------
+def _write_run(run: Path) -> None:
+    ck = run / "checkpoints"
+    append_jsonl(ck / "faults.jsonl", {"kind": "rejoin", "rank": 1, "step": 13, "attempt": 0, "time": 1000.0})
+    ev = run / "evidence" / "attempt-0"
+    ev.mkdir(parents=True)
+    for rank, workers, t in ((0, [0], 1000.25), (1, [1], 999.0), (2, [2], 1000.5)):  # worker 1 is the killed one
+        (ev / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "workers": workers, "time": t}))
+    append_jsonl(run / "detections.jsonl", {"source": "in-run", "attempt": 0, "kind": "straggler", "step": 3})
+    append_jsonl(run / "detections.jsonl", {"source": "failure", "attempt": 0, "kind": "fail-stop", "time": 1001.0})
+    for rec in ({"event": "restore", "restart": 1, "time": 1003.0, "restore_s": 0.5, "restored_from": 10,
+                 "steps_replayed": [11, 12], "world_size": 4},
+                {"event": "shrink", "lost_workers": [1], "step": 10},
+                {"event": "grow", "step": 14, "new_n": 5, "time": 1006.0, "regroup_s": 1.25, "transfer_s": 0.125,
+                 "own_state_from": {"1": "step-00000010"}}):
+        append_jsonl(ck / "lineage.jsonl", rec)
+
+
+def test_timeline_turns_the_records_into_disk_and_live_peer_rows(tmp_path):
+    from experiments.bench_recovery import RECOVERY_COLUMNS, timeline
+
+    _write_run(tmp_path)
+    disk, peer = timeline(tmp_path)
+    assert set(disk) <= set(RECOVERY_COLUMNS) and set(peer) <= set(RECOVERY_COLUMNS)
+    # by hand: kill at 1000.0; first survivor's evidence 1000.25 (the killed worker's own file is not
+    # a survivor's); detection 1001.0; the restore began at 1003.0 - 0.5 and ended at 1003.0
+    assert disk == {"restore_source": "disk", "crash_step": 13, "committed_step": 10, "steps_lost": 2, "n_after": 4,
+                    "detect_s": 0.25, "recorded_s": 1.0, "respawn_s": 1.5, "restore_s": 0.5, "back_s": 3.0}
+    assert (peer["restore_source"], peer["n_after"], peer["restore_s"], peer["regroup_s"], peer["back_s"]) == \
+        ("live-peer", 5, 0.125, 1.25, 6.0)
+    assert "after step 14" in peer["note"] and "step-00000010" in peer["note"]
+
+
+def test_timeline_of_a_run_without_a_crash_is_empty_and_missing_records_give_nan(tmp_path):
+    from experiments.bench_recovery import timeline
+
+    assert timeline(tmp_path) == []
+    append_jsonl(tmp_path / "checkpoints" / "faults.jsonl", {"kind": "crash", "rank": 0, "step": 5, "time": 7.0})
+    (row,) = timeline(tmp_path)  # the run stopped there: no evidence, detection or restore
+    assert row["crash_step"] == 5 and all(row[k] != row[k] for k in ("detect_s", "recorded_s", "restore_s", "back_s"))
+
+
+# --- the split of one save ----------------------------------------------------------------------------------
+def test_save_split_times_a_real_save_and_puts_everything_back(tmp_path):
+    import robustagg.checkpoint as ck_mod
+    import robustagg.training.resume as resume_mod
+    from experiments.bench_recovery import PIECES, SaveSplit
+
+    tr = _trainer()
+    store = CheckpointStore(tmp_path)
+    ck = Checkpointer(store, every=1, meta={"run_id": "r"})
+    before = (resume_mod.save_state, ck_mod.atomic_write_bytes)
+    split = SaveSplit()
+    tr.step()
+    with split.timing(tr, store) as entry:
+        ck.save(tr)
+    assert store.latest()[0].step == 1  # the save committed
+    assert (resume_mod.save_state, ck_mod.atomic_write_bytes) == before
+    assert "state_dict" not in vars(tr) and "commit" not in vars(store)
+    assert split.saves == [entry] and all(entry[p] >= 0 for p in PIECES)
+    assert entry["write_fsync_ms"] > 0 and entry["commit_ms"] > 0 and entry["snapshot_ms"] > 0
+    assert sum(entry[p] for p in PIECES) == pytest.approx(entry["save_ms"])
+
+
+def test_overhead_needs_the_reference_and_intervals_that_divide_the_steps(tmp_path):
+    from omegaconf import OmegaConf
+
+    from experiments.bench_recovery import overhead_rows
+
+    cfg = OmegaConf.create({"overhead": {"n": 3, "f": 0, "every": [1, 10], "steps": 4, "repeats": 1}})
+    with pytest.raises(ValueError, match=r"overhead.every=\[1, 10\] needs 0"):
+        overhead_rows(cfg, tmp_path)
+    cfg.overhead.every = [0, 3]
+    with pytest.raises(ValueError, match=r"\[3\] do not divide overhead.steps x overhead.repeats = 4"):
+        overhead_rows(cfg, tmp_path)
+
+
+# --- the app at a tiny size: one real SIGKILL ---------------------------------------------------------------
+def test_quick_run_writes_both_tables_with_a_real_restart(tmp_path):
+    from experiments.bench_recovery import OVERHEAD_COLUMNS, RECOVERY_COLUMNS
+
+    cmd = [sys.executable, "-m", "experiments.bench_recovery", "quick=true", f"hydra.run.dir={tmp_path}"]
+    env = {**__import__("os").environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    over = pd.read_csv(tmp_path / "overhead.csv")
+    assert list(over.columns) == OVERHEAD_COLUMNS and list(over["every"]) == [0, 2]
+    on = over[over["every"] == 2].iloc[0]
+    assert on["saves"] == 2 and on["state_mb"] > 0 and on["overhead_pct"] > 0  # 4 timed steps, every 2
+    assert sum(on[p] for p in ("snapshot_ms", "serialise_ms", "write_fsync_ms", "commit_ms", "other_ms")) == \
+        pytest.approx(on["save_ms"])
+    rec = pd.read_csv(tmp_path / "recovery.csv")
+    assert list(rec.columns) == RECOVERY_COLUMNS and list(rec["case"]) == ["unfaulted", "restart"]
+    row = rec.iloc[1]
+    # killed at the start of step 4 (3 completed), committed every 2: restored at 2, step 3 recomputed
+    assert (row["restore_source"], row["crash_step"], row["committed_step"], row["steps_lost"]) == ("disk", 4, 2, 1)
+    # the order of events, from the run's own timestamps
+    assert 0 < row["detect_s"] <= row["recorded_s"] < row["back_s"]
+    assert row["restore_s"] > 0 and row["respawn_s"] > 0 and row["wall_s"] > 0
