@@ -26,11 +26,12 @@ change of machine load hits every interval alike. Reported per interval:
   back and hash it, write the manifest, rename the folder, ``LATEST``, prune) and ``other_ms``
   (the rest: votes, staging folder, lineage read); ``state_mb``: bytes of one committed checkpoint.
 
-**Recovery** (``recovery.csv``, :data:`RECOVERY_COLUMNS`): real runs of ``python -m
-experiments.train`` (``trainer.mode=processes``, one OS process per worker, called in this
-process with :func:`experiments.train.train`) of the same length: one unfaulted, and for each case
-of ``crash.cases`` one where worker ``crash.rank`` is SIGKILLed at the start of step
-``crash.step`` (the existing ``crash`` / ``rejoin`` faults):
+**Recovery** (``recovery.csv``: every round; ``recovery_median.csv``: the medians over the rounds,
+as printed; :data:`RECOVERY_COLUMNS`): real runs of ``python -m experiments.train``
+(``trainer.mode=processes``, one OS process per worker, called in this process with
+:func:`experiments.train.train`) of the same length, ``crash.repeats`` rounds of: one unfaulted,
+and for each case of ``crash.cases`` one where worker ``crash.rank`` is SIGKILLed at the start of
+step ``crash.step`` (the existing ``crash`` / ``rejoin`` faults):
 
 - ``restart``: ``trainer.on_failure=restart``: the group is stopped and started again, every
   rank restores the newest committed checkpoint from disk, steps after it are replayed;
@@ -72,7 +73,7 @@ from .bench_train import build_trainer, compose, overrides
 OVERHEAD_COLUMNS = ["model", "d", "n", "every", "saves", "state_mb", "step_ms", "save_ms", "overhead_pct",
                     "measured_pct", "snapshot_ms", "serialise_ms", "write_fsync_ms", "commit_ms", "other_ms",
                     "timed_steps", "load1", "note"]
-RECOVERY_COLUMNS = ["case", "on_failure", "restore_source", "n", "n_after", "steps", "every", "crash_step",
+RECOVERY_COLUMNS = ["case", "repeat", "on_failure", "restore_source", "n", "n_after", "steps", "every", "crash_step",
                     "committed_step", "steps_lost", "detect_s", "recorded_s", "respawn_s", "restore_s", "regroup_s",
                     "back_s", "step_ms", "wall_s", "wall_unfaulted_s", "wall_extra_s", "load1", "note"]
 #: The pieces of one save timed by :class:`SaveSplit` (ms), in the order they happen.
@@ -261,8 +262,10 @@ def timeline(run_dir: Path, ckpt_dir: Optional[Path] = None) -> list[dict[str, A
       ``committed_step`` for a kill at the start of ``crash_step``).
 
     Returns:
-        ``[]`` when no crash fault fired; else one ``disk`` row and, after a grow, one
-        ``live-peer`` row (keys: a subset of :data:`RECOVERY_COLUMNS`; a missing record gives NaN).
+        ``[]`` when no crash fault fired; else one row for the group's restore (``disk``, or the
+        restore record's own ``restore_source`` when it names one, e.g. ``peer-memory`` for an
+        in-memory copy on a peer) and, after a grow, one ``live-peer`` row (keys: a subset of
+        :data:`RECOVERY_COLUMNS`; a missing record gives NaN).
     """
     run_dir = Path(run_dir)
     ck = Path(ckpt_dir) if ckpt_dir is not None else run_dir / "checkpoints"
@@ -282,7 +285,7 @@ def timeline(run_dir: Path, ckpt_dir: Optional[Path] = None) -> list[dict[str, A
     rest = _first(lineage, event="restore", restart=attempt + 1) or {}
     replayed = rest.get("steps_replayed") or []
     started = _minus(rest.get("time"), rest.get("restore_s"))
-    disk = {"restore_source": "disk", "crash_step": int(kill["step"]), "committed_step": rest.get("restored_from"),
+    disk = {"restore_source": str(rest.get("restore_source") or "disk"), "crash_step": int(kill["step"]), "committed_step": rest.get("restored_from"),
             "steps_lost": (int(replayed[1]) - int(replayed[0]) + 1) if len(replayed) == 2 else 0 if rest else math.nan,
             "n_after": rest.get("world_size"),
             "detect_s": _minus(min(notice), t_kill) if notice else math.nan,
@@ -309,25 +312,34 @@ def _case_overrides(c: DictConfig, case: str) -> list[str]:
     rank, step = int(c.rank), int(c.step)
     if case == "unfaulted":
         return base
+    if case == "unfaulted-shrink":  # the same machinery as rejoin (membership store, fenced commits), no fault
+        return [*base, "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.max_restarts=1"]
     if case == "restart":
         return [*base, "faults=[crash]", f"faults.crash.rank={rank}", f"faults.crash.step={step}",
                 "faults.crash.where=before_step", "trainer.on_failure=restart", "trainer.max_restarts=1"]
     if case == "rejoin":
         return [*base, "faults=[rejoin]", f"faults.rejoin.rank={rank}", f"faults.rejoin.step={step}",
-                "faults.rejoin.seconds=0", "faults.rejoin.join_step=0", "trainer.on_failure=shrink",
+                f"faults.rejoin.seconds={float(c.rejoin_after_s)}", "faults.rejoin.join_step=0", "trainer.on_failure=shrink",
                 "trainer.rejoin=true", "trainer.max_restarts=1"]
     raise ValueError(f"crash.cases: unknown case {case!r}; use restart and/or rejoin.")
 
 
-def _run(c: DictConfig, case: str, out: Path) -> tuple[Path, float]:
-    """Run one case in this process (its workers are real processes); ``(run dir, wall seconds)``."""
+def _run(c: DictConfig, case: str, run_dir: Path) -> float:
+    """Run one case in this process (its workers are real processes) into ``run_dir``; wall seconds.
+
+    Raises:
+        FileExistsError: ``run_dir`` exists (a second run there would resume the first one's
+            checkpoints instead of training): choose a fresh ``hydra.run.dir``.
+    """
     from .train import train
 
-    run_dir = out / f"run-{case}"
+    if run_dir.exists():
+        raise FileExistsError(f"{run_dir} exists: a run there would resume its checkpoints instead of training; "
+                              "choose a fresh hydra.run.dir.")
     cfg = compose(_case_overrides(c, case))
     t0 = time.perf_counter()
     train(cfg, out_dir=run_dir, quiet=True)
-    return run_dir, time.perf_counter() - t0
+    return time.perf_counter() - t0
 
 
 def _step_ms(run_dir: Path) -> float:
@@ -335,12 +347,26 @@ def _step_ms(run_dir: Path) -> float:
     return statistics.median(secs) * 1e3 if secs else math.nan
 
 
+#: The unfaulted run each case is compared with: the same settings without the fault.
+_REFERENCE = {"restart": "unfaulted", "rejoin": "unfaulted-shrink"}
+_HOW = {"unfaulted": "restart", "restart": "restart", "unfaulted-shrink": "shrink + rejoin",
+        "rejoin": "shrink + rejoin"}
+
+
 def recovery_rows(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
-    """The unfaulted run and every case of ``cfg.crash.cases``, as rows of :data:`RECOVERY_COLUMNS`.
+    """``crash.repeats`` rounds of the unfaulted run and every case of ``crash.cases`` (in turn, so
+    a change of load hits all alike), as rows of :data:`RECOVERY_COLUMNS` (``repeat``: the round).
+
+    With ``crash.warmup`` an untimed unfaulted run goes first (the first run in a process pays
+    one-off costs: imports in the workers, the kernels' first calls). Each faulted row's
+    ``wall_unfaulted_s`` is its reference in the same round: ``unfaulted`` (the same settings,
+    no fault) for ``restart``, ``unfaulted-shrink`` (also ``on_failure=shrink``, ``rejoin=true``:
+    the membership store and the fenced commits cost time in every step) for ``rejoin``.
 
     Raises:
         ValueError: an unknown case, or ``crash.step`` does not leave a committed checkpoint
             before the kill (``crash.step - 1 < crash.every``: nothing to restore but step 0).
+        FileExistsError: a run folder exists already (see :func:`_run`).
         WorkerFailedError, RobustAggError: a run failed (the recovery under test did not work).
     """
     c = cfg.crash
@@ -350,17 +376,40 @@ def recovery_rows(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
     for case in c.cases:
         _case_overrides(c, str(case))  # unknown cases fail before any run
     common = {"n": int(c.n), "steps": int(c.steps), "every": int(c.every)}
-    ref_dir, ref_wall = _run(c, "unfaulted", out)
-    rows = [{**common, "case": "unfaulted", "on_failure": "-", "restore_source": "-", "n_after": int(c.n),
-             "step_ms": _step_ms(ref_dir), "wall_s": ref_wall, "load1": _load1(), "note": "no fault: the reference"}]
-    for case in c.cases:
-        run_dir, wall = _run(c, str(case), out)
-        how = "restart" if case == "restart" else "shrink + rejoin"
-        for r in timeline(run_dir):
-            rows.append({**common, "case": str(case), "on_failure": how, "step_ms": _step_ms(run_dir),
-                         "wall_s": wall, "wall_unfaulted_s": ref_wall, "wall_extra_s": wall - ref_wall,
-                         "load1": _load1(), **r})
+    refs = {str(case): _REFERENCE[str(case)] for case in c.cases}
+    if c.warmup:
+        _run(c, "unfaulted", out / "run-warmup")
+    rows: list[dict[str, Any]] = []
+    for i in range(int(c.repeats)):
+        ref_wall: dict[str, float] = {}
+        for ref in dict.fromkeys(refs.values()):
+            ref_dir = out / f"run-{ref}-{i}"
+            ref_wall[ref] = _run(c, ref, ref_dir)
+            rows.append({**common, "case": ref, "repeat": i, "on_failure": _HOW[ref], "restore_source": "-",
+                         "n_after": int(c.n), "step_ms": _step_ms(ref_dir), "wall_s": ref_wall[ref],
+                         "load1": _load1(), "note": "no fault: the reference"})
+        for case in c.cases:
+            run_dir = out / f"run-{case}-{i}"
+            wall = _run(c, str(case), run_dir)
+            ref = refs[str(case)]
+            for r in timeline(run_dir):
+                rows.append({**common, "case": str(case), "repeat": i, "on_failure": _HOW[str(case)],
+                             "step_ms": _step_ms(run_dir), "wall_s": wall, "wall_unfaulted_s": ref_wall[ref],
+                             "wall_extra_s": wall - ref_wall[ref], "load1": _load1(), **r})
     return rows
+
+
+def medians(rec: pd.DataFrame) -> pd.DataFrame:
+    """One row per ``(case, restore_source)`` of the recovery table: the median of every numeric
+    column over the repeats (``repeat`` becomes the number of rounds); text columns from the first."""
+    if not len(rec):
+        return rec
+    out = []
+    for _, g in rec.groupby(["case", "restore_source"], sort=False):
+        row = {c: (g[c].median() if pd.api.types.is_numeric_dtype(g[c]) else g[c].iloc[0]) for c in rec.columns}
+        row["repeat"] = len(g)
+        out.append(row)
+    return pd.DataFrame(out).reindex(columns=rec.columns)
 
 
 # --- the app ------------------------------------------------------------------------------------------
@@ -396,7 +445,7 @@ def _print(over: pd.DataFrame, rec: pd.DataFrame) -> None:
             ("checkpoint overhead per step", over,
              "overhead_pct: save time amortised over the interval / step time (CheckFreq, FAST 2021: <= 3.5 %); "
              "measured_pct: (step+save at k - step at k=0) / step at k=0"),
-            ("recovery after a SIGKILL", rec,
+            ("recovery after a SIGKILL (median over `repeat` rounds)", rec,
              "seconds from the kill: detect (first survivor's evidence), recorded (launcher), back (can train again); "
              "respawn: detection -> restore start; restore: disk verify+load or live-peer transfer+verify")):
         if not len(table):
@@ -413,14 +462,17 @@ def _print(over: pd.DataFrame, rec: pd.DataFrame) -> None:
 
 @hydra.main(config_path="../conf/bench_recovery", config_name="bench_recovery", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point: run, print both tables, write ``cfg.overhead_csv`` and ``cfg.recovery_csv``."""
+    """Hydra entry point: run, print the overhead table and the recovery medians, write the three CSVs."""
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[assignment]
     over, rec = run_bench(cfg, out_dir)
-    _print(over, rec)
+    med = medians(rec)
+    _print(over, med)
     write_csv(over, out_dir / str(cfg.overhead_csv))
     write_csv(rec, out_dir / str(cfg.recovery_csv))
-    print(f"wrote {out_dir / str(cfg.overhead_csv)} and {out_dir / str(cfg.recovery_csv)}")
+    write_csv(med, out_dir / str(cfg.recovery_median_csv))
+    print(f"wrote {out_dir / str(cfg.overhead_csv)}, {out_dir / str(cfg.recovery_csv)} (every round) and "
+          f"{out_dir / str(cfg.recovery_median_csv)} (medians, as printed)")
 
 
 if __name__ == "__main__":

@@ -107,6 +107,19 @@ def test_timeline_turns_the_records_into_disk_and_live_peer_rows(tmp_path):
     assert "after step 14" in peer["note"] and "step-00000010" in peer["note"]
 
 
+def test_timeline_labels_a_restore_with_the_source_its_record_names(tmp_path):
+    from experiments.bench_recovery import SOURCES, timeline
+
+    _write_run(tmp_path)
+    lineage = tmp_path / "checkpoints" / "lineage.jsonl"
+    recs = [json.loads(x) for x in lineage.read_text().splitlines()]
+    recs[0]["restore_source"] = "peer-memory"  # what an in-memory copy on a peer would record
+    lineage.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows = timeline(tmp_path)
+    assert [r["restore_source"] for r in rows] == ["peer-memory", "live-peer"]
+    assert {r["restore_source"] for r in rows} <= set(SOURCES)
+
+
 def test_timeline_of_a_run_without_a_crash_is_empty_and_missing_records_give_nan(tmp_path):
     from experiments.bench_recovery import timeline
 
@@ -167,9 +180,23 @@ def test_quick_run_writes_both_tables_with_a_real_restart(tmp_path):
         pytest.approx(on["save_ms"])
     rec = pd.read_csv(tmp_path / "recovery.csv")
     assert list(rec.columns) == RECOVERY_COLUMNS and list(rec["case"]) == ["unfaulted", "restart"]
+    med = pd.read_csv(tmp_path / "recovery_median.csv")  # one round: the medians are that round
+    assert list(med["repeat"]) == [1, 1] and med["steps_lost"].iloc[1] == rec["steps_lost"].iloc[1]
     row = rec.iloc[1]
     # killed at the start of step 4 (3 completed), committed every 2: restored at 2, step 3 recomputed
     assert (row["restore_source"], row["crash_step"], row["committed_step"], row["steps_lost"]) == ("disk", 4, 2, 1)
     # the order of events, from the run's own timestamps
     assert 0 < row["detect_s"] <= row["recorded_s"] < row["back_s"]
     assert row["restore_s"] > 0 and row["respawn_s"] > 0 and row["wall_s"] > 0
+
+
+def test_medians_group_by_case_and_source_over_the_rounds():
+    from experiments.bench_recovery import RECOVERY_COLUMNS, medians
+
+    rec = pd.DataFrame([{"case": "restart", "restore_source": "disk", "repeat": i, "back_s": b, "note": "x"}
+                        for i, b in enumerate((3.0, 1.0, 2.0))] +
+                       [{"case": "rejoin", "restore_source": "live-peer", "repeat": 0, "back_s": 5.0, "note": "y"}]
+                       ).reindex(columns=RECOVERY_COLUMNS)
+    med = medians(rec)
+    assert list(zip(med["case"], med["restore_source"], med["repeat"], med["back_s"], med["note"])) == \
+        [("restart", "disk", 3, 2.0, "x"), ("rejoin", "live-peer", 1, 5.0, "y")]
