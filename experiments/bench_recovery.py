@@ -298,9 +298,9 @@ def timeline(run_dir: Path, ckpt_dir: Optional[Path] = None) -> list[dict[str, A
                      "steps_lost": math.nan, "n_after": grow.get("new_n"),
                      "restore_s": grow.get("transfer_s", math.nan), "regroup_s": grow.get("regroup_s", math.nan),
                      "back_s": _minus(grow.get("time"), t_kill),
-                     "note": f"joiner admitted after step {grow.get('step')} with that step's state from a live peer; "
-                             f"its own data position and RNG from "
-                             f"{(grow.get('own_state_from') or {}).get(str(lost), '?')}"})
+                     "note": f"admitted after step {grow.get('step')}: "
+                             f"{str(grow.get('state_from', 'a live peer')).split(' (')[0]}; own data position and "
+                             f"RNG from {(grow.get('own_state_from') or {}).get(str(lost), '?')}"})
     return rows
 
 
@@ -431,7 +431,11 @@ def run_bench(cfg: DictConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+        if math.isnan(v):
+            return ""
+        if v.is_integer() and abs(v) < 1e9:
+            return str(int(v))  # steps, counts, n (pandas turns them into floats next to NaN)
+        return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
     return str(v)
 
 
@@ -451,13 +455,16 @@ def _print(over: pd.DataFrame, rec: pd.DataFrame) -> None:
         if not len(table):
             continue
         out = Table(title=f"{title} ({machine()}; load average {load})", caption=caption)
-        cols = [c for c in table.columns if c != "note" and not table[c].isna().all()] + ["note"]
+        cols = [c for c in table.columns if c != "note" and not table[c].isna().all()]
         for col in cols:
-            out.add_column(col, justify="left" if col in ("model", "case", "on_failure", "restore_source", "note")
-                           else "right")
+            out.add_column(col, justify="left" if col in ("model", "case", "on_failure", "restore_source") else "right")
         for r in table.to_dict("records"):
             out.add_row(*[_fmt(r[c]) for c in cols])
         console.print(out)
+        key = ("model", "every") if "model" in table.columns and table["model"].notna().any() else ("case", "restore_source")
+        for r in table.to_dict("records"):  # the notes under the table: a column of them would not fit
+            if isinstance(r.get("note"), str) and r["note"]:
+                console.print(f"  {' / '.join(_fmt(r[k]) for k in key)}: {r['note']}")
 
 
 @hydra.main(config_path="../conf/bench_recovery", config_name="bench_recovery", version_base="1.3")

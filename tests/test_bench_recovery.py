@@ -88,6 +88,7 @@ def _write_run(run: Path) -> None:
                  "steps_replayed": [11, 12], "world_size": 4},
                 {"event": "shrink", "lost_workers": [1], "step": 10},
                 {"event": "grow", "step": 14, "new_n": 5, "time": 1006.0, "regroup_s": 1.25, "transfer_s": 0.125,
+                 "state_from": "live peer worker 0 over the process group (SHA-256 checked by the joiner)",
                  "own_state_from": {"1": "step-00000010"}}):
         append_jsonl(ck / "lineage.jsonl", rec)
 
@@ -104,7 +105,8 @@ def test_timeline_turns_the_records_into_disk_and_live_peer_rows(tmp_path):
                     "detect_s": 0.25, "recorded_s": 1.0, "respawn_s": 1.5, "restore_s": 0.5, "back_s": 3.0}
     assert (peer["restore_source"], peer["n_after"], peer["restore_s"], peer["regroup_s"], peer["back_s"]) == \
         ("live-peer", 5, 0.125, 1.25, 6.0)
-    assert "after step 14" in peer["note"] and "step-00000010" in peer["note"]
+    assert peer["note"] == ("admitted after step 14: live peer worker 0 over the process group; own data position "
+                            "and RNG from step-00000010")
 
 
 def test_timeline_labels_a_restore_with_the_source_its_record_names(tmp_path):
