@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench bench-train docs serve-docs typecheck
+.PHONY: install run test bench bench-train bench-recovery docs serve-docs typecheck
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,9 @@ bench: $(STAMP)
 
 bench-train: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m experiments.bench_train $(ARGS)
+
+bench-recovery: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m experiments.bench_recovery $(ARGS)
 
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -94,12 +95,14 @@ def record_failure(out_dir: Path, attempt: int, *, lost: list[int], message: str
         archive: move ``evidence/rank-*.json`` to ``evidence/attempt-<k>/`` (a restart follows).
 
     Returns:
-        the detection record (see :func:`robustagg.training.summarise_evidence`).
+        the detection record (see :func:`robustagg.training.summarise_evidence`), with ``time``:
+        when the launcher recorded it (``time.time()`` seconds, after the group was torn down).
     """
     folder = Path(out_dir) / "evidence"
     evidence = read_evidence(folder)
     record = summarise_evidence(evidence, attempt=attempt, lost=lost)
-    record.update({"source": "failure", "launcher": message.splitlines()[0][:500] if message else ""})
+    record.update({"source": "failure", "launcher": message.splitlines()[0][:500] if message else "",
+                   "time": time.time()})
     append_jsonl(Path(out_dir) / "detections.jsonl", record)
     if archive and evidence:
         dest = folder / f"attempt-{attempt}"

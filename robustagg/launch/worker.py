@@ -291,6 +291,7 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     """A survivor at the agreed boundary: new epoch, new group, rebuilt trainer, state sent to the joiners."""
     ms, epoch = membership
     me = job.identities[trainer.comm.local_ranks[0]]
+    began = time.time()  # the boundary: timed for experiments.bench_recovery (regroup_s, transfer_s)
     state = trainer.state_dict()  # coherent: every survivor completed step `step`
     timeout = float(job.settings.collective_timeout_s)
     if trainer.is_main:
@@ -304,10 +305,13 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     parts, new_trainer, injector = _make_trainer(new_job, comm, device, attempt, store)
     new_trainer.load_state_dict(state)
     src = sorted(members).index(min(survivors))
+    sent = time.time()
     send_state(state["replicated"] if comm.rank == src else None, src=src, src_worker=min(survivors))
     new_trainer.check_parameters()  # the joiners take part only once every digest agrees
+    done = time.time()
     grown = {**record, "step": int(step), "epoch": [epoch, epoch + 1], "decided_by": f"every member of epoch {epoch}",
              "state_from": f"live peer worker {min(survivors)} over the process group (SHA-256 checked by the joiner)"}
+    grown.update(time=done, regroup_s=done - began, transfer_s=done - sent)  # from the boundary / the send to agreed digests
     if comm.is_main and store is not None:
         own = {}
         for w in joiners:

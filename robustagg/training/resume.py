@@ -305,7 +305,9 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
         extra: more fields for the lineage record (e.g. an elastic shrink's old and new n).
 
     Returns:
-        a :class:`Restored`.
+        a :class:`Restored`. Its lineage record carries ``time`` (``time.time()`` seconds, when the
+        restore ended) and ``restore_s`` (seconds since this call began on rank 0: cleaning the
+        staging folders, choosing and verifying, every rank's read, check and load, the votes).
 
     Any problem with a checkpoint on any rank (a digest, a path or symlink rule, a file whose
     identity does not match the manifest, code the unpickler refuses, state that does not fit the
@@ -318,6 +320,7 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
             (the message gives this rank's reasons).
         CollectiveError: a rank failed during the protocol.
     """
+    started = time.time()
     comm = trainer.comm
     main = comm.is_main
     explicit = None if request in ("auto", "never") else str(request)
@@ -390,6 +393,7 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
                   "checkpoint": None if ck is None else str(ck.path),
                   "steps_replayed": [step + 1, reached] if reached > step else [],
                   "skipped": skipped, "world_size": comm.world_size, "request": request, **dict(extra or {})}
+        record["restore_s"] = record["time"] - started  # choose, verify, load, agree (every rank)
         store.append_lineage(record)
         result.record = record
     return result
