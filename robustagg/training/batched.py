@@ -24,13 +24,13 @@ transform; the rule's inputs are exactly the per-worker gradients of the loop.
 - *Bits*: **not bit-identical in general.** A batched matrix product (``(k b, in) @ W`` forward,
   ``bmm`` backward) and the batched reductions of the loss may sum in another order than k separate
   calls. Measured on this project's CPU build (torch 2.13, one thread; ``docs/performance.md``,
-  "Batched per-worker gradients"): the digits MLP's float32 gradients were bit-identical to the
-  loop's at n = 10 and 100; the SmallCNN's and LeNet-5's differed by at most a few float32 ulps of
-  the largest coordinate (relative 2e-7); in float64 the difference is below 1e-15. It is harmless
-  for the experiments: it is of the order of float32 rounding itself, eight orders of magnitude
-  below the spread between honest workers' gradients that the robust rule works on, and the same
-  on every process, so ranks never disagree (every rank applies the same aggregate). Runs with the
-  flag on and off are different experiments, so the flag is part of the run's identity.
+  "Batched per-worker gradients", ``experiments/batched_compare.py``): the digits MLP's float32
+  gradients were bit-identical to the loop's at n = 10 and 100; the SmallCNN's and LeNet-5's
+  differed by at most a few float32 ulps of the largest coordinate (relative 4.4e-7 at most); in
+  float64 by at most 3e-16 relative. It is harmless for the experiments: it is float32 rounding
+  itself, about 3e6 times smaller than the range of the honest workers' gradients that the
+  robust rule works on, and every rank applies the same aggregate, so ranks never disagree. Runs
+  with the flag on and off are different experiments, so the flag is part of the run's identity.
 - *Shapes*: workers whose batches have the same structure, shapes and dtypes are batched together
   (one ``vmap`` per group; an uneven last batch of an :class:`~robustagg.training.IterableSource`
   forms its own group); a batch holding anything other than tensors (in tuples, lists or dicts)
@@ -109,7 +109,8 @@ def check_batchable(model: nn.Module, *, protocol: Any = None, precision: Any = 
             y[:2])``): a dry run of the batched gradient on two copies of it, so that
             data-dependent control flow or a random operation inside the forward pass is refused
             here, not at the first step.
-        loss_fn, batch_loss: the trainer's loss (default mean cross-entropy), see :class:`BatchedGradients`.
+        loss_fn: the trainer's ``(logits, labels) -> scalar`` (default mean cross-entropy).
+        batch_loss: the trainer's ``(model, batch) -> scalar``, or ``None`` (see :class:`BatchedGradients`).
 
     Raises:
         ConfigError: naming ``trainer.batched_gradients``, every reason (module paths, the protocol,
