@@ -24,6 +24,10 @@ Step (every process, ``dsgd``)::
     reduce: submissions framed with their checksums, integrity, rule -> aggregate
     p.grad <- aggregate ; optimizer.step() ; scheduler.step() ; step += 1
 
+With ``batched_gradients=True`` the hosted workers' batches are drawn in the same order and their
+gradients computed together, in one ``torch.func.vmap`` per batch shape, before the loop above
+(:mod:`~robustagg.training.batched`).
+
 An optional :class:`~robustagg.training.faults.FaultInjector` is called at fixed points of the step
 (start, each worker's compute, each submission, before the header exchange, each wire frame, after
 the reduction, after the optimizer step), so injected faults are deterministic in (rank, step).
