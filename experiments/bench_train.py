@@ -6,12 +6,16 @@
 - **floor** (a): the same per-worker gradients written as a plain loop (a batch of each worker's
   shard, forward, backward, the gradient flattened), their mean, one SGD step. No integrity, no
   headers, no rule: the least a data-parallel step costs in this process.
+- **vmap floor** (a'): the floor's batches, their gradients by ``torch.func.vmap(torch.func.grad)``
+  over ``functional_call`` (one call per batch size), the mean, one SGD step: the least a step of
+  the batched trainer (``trainer.batched_gradients=true``) could cost.
 - **cases** (b)-(e): a :class:`~robustagg.training.Trainer` built from the experiment's own objects
   (:func:`experiments.wiring.validate`, the job's ``build``) with a
   :class:`~robustagg.distributed.LocalComm` hosting every worker and
   :func:`~robustagg.distributed.make_reduction`, as ``trainer.mode=simulated`` builds it; each
   timed step is ``trainer.step()`` plus :func:`~robustagg.training.step_record` (what
   :func:`~robustagg.training.fit` does on the main process for every step). Start-up is not timed.
+  A case with ``batched: true`` runs with ``trainer.batched_gradients=true`` (the ``*_vmap`` rows).
 - **processes** (f): ``python -m experiments.train trainer.mode=processes`` for a short run; the
   per-step times are read from ``metrics.jsonl`` (``time/step_s``, rank 0's wall time of the
   step), the first ``processes.skip`` steps left out; start-up is not in them.
@@ -26,7 +30,7 @@
 Timing: after ``warmup`` steps of every case, ``repeats`` rounds each run ``steps`` steps of every
 case in turn (interleaved, so a change of machine load hits all cases alike); ``median_ms`` is the
 median over every timed step, ``ratio_to_floor`` = ``median_ms`` / the floor's ``median_ms`` of the
-same ``n``, measured in the same run. Clock: ``wall`` (``perf_counter``) or ``cpu``
+same ``n``, measured in the same run, and ``ratio_to_vmap_floor`` the same over the vmap floor's. Clock: ``wall`` (``perf_counter``) or ``cpu``
 (``process_time``, steadier on a shared machine; one thread). Tables are printed and written to
 ``bench_train.csv`` and ``startup.csv`` in the Hydra run directory.
 """
@@ -58,7 +62,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
 COLUMNS = ["case", "n", "f", "byzantine", "rule", "attack", "metrics", "mode", "d", "median_ms", "ratio_to_floor",
-           "step_ms", "record_ms", "floor_ms", "timed_steps", "clock", "threads", "note"]
+           "step_ms", "record_ms", "floor_ms", "timed_steps", "clock", "threads", "note", "vmap_floor_ms",
+           "ratio_to_vmap_floor"]
 STARTUP_COLUMNS = ["what", "repeat", "interpreter_s", "import_s", "compose_s", "data_s", "build_s", "warm_up_s",
                    "first_step_s", "total_s", "cpu_s", "note"]
 PIECES = ["interpreter_s", "import_s", "compose_s", "data_s", "build_s", "warm_up_s", "first_step_s"]
@@ -102,7 +107,7 @@ def build_trainer(cfg: DictConfig, out_dir: str) -> Any:
     red = make_reduction(str(s.reduction), parts.rule, comm, on_nonfinite=str(s.on_nonfinite))
     return Trainer(parts.model, parts.optimizer, red, parts.shards, batch_size=int(s.batch_size),
                    num_classes=int(parts.num_classes), seed=int(s.seed), byzantine=parts.byzantine,
-                   metrics=bool(s.metrics), precision=str(s.precision))
+                   metrics=bool(s.metrics), precision=str(s.precision), batched_gradients=bool(s.batched_gradients))
 
 
 class Floor:
@@ -119,22 +124,59 @@ class Floor:
         self.batch = [min(batch_size, len(s)) for s in self.shards]
         self.gen = torch.Generator().manual_seed(0)
 
+    def batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every worker's batch of this step (indices drawn from the floor's generator, worker by worker)."""
+        out = []
+        for s, b in zip(self.shards, self.batch):
+            idx = torch.randint(len(s), (b,), generator=self.gen)
+            out.append((s.x[idx], s.y[idx]))
+        return out
+
     def step(self) -> None:
         """One step of the floor."""
         grads = []
         self.model.train()
-        for s, b in zip(self.shards, self.batch):
-            idx = torch.randint(len(s), (b,), generator=self.gen)
+        for x, y in self.batches():
             for p in self.params:
                 p.grad = None
-            F.cross_entropy(self.model(s.x[idx]), s.y[idx]).backward()
+            F.cross_entropy(self.model(x), y).backward()
             grads.append(torch.cat([p.grad.reshape(-1) for p in self.params]))  # type: ignore[union-attr]
-        g = torch.stack(grads).mean(dim=0)
+        self.apply(torch.stack(grads).mean(dim=0))
+
+    def apply(self, g: torch.Tensor) -> None:
+        """One SGD step of the optimizer with the ``(d,)`` gradient ``g``."""
         i = 0
         for p in self.params:
             p.grad = g[i:i + p.numel()].view_as(p)
             i += p.numel()
         self.opt.step()
+
+
+class VmapFloor(Floor):
+    """The vmap floor (a'): :class:`Floor`'s batches, gradients by ``vmap(grad)`` per batch size, mean, SGD."""
+
+    def __init__(self, trainer: Any, batch_size: int) -> None:
+        super().__init__(trainer, batch_size)
+        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        model = self.model
+
+        def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(torch.func.functional_call(model, params, (x,)), y)
+
+        self.grads = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))
+
+    def step(self) -> None:
+        """One step of the vmap floor."""
+        self.model.train()
+        params = {n: p.detach() for n, p in zip(self.names, self.params)}
+        by_size: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for x, y in self.batches():
+            by_size.setdefault(int(x.shape[0]), []).append((x, y))
+        rows = []
+        for group in by_size.values():
+            g = self.grads(params, torch.stack([x for x, _ in group]), torch.stack([y for _, y in group]))
+            rows.append(torch.cat([g[n].reshape(len(group), -1) for n in self.names], dim=1))
+        self.apply(torch.cat(rows).mean(dim=0))
 
 
 def _timed(fn: Callable[[], Any], clock: Callable[[], float]) -> float:
@@ -155,17 +197,20 @@ def bench_simulated(cfg: DictConfig, n: int, tmp: str) -> list[dict[str, Any]]:
     for name, spec in cfg.cases.items():
         spec = dict(spec)
         specs[str(name)] = spec
-        ovr = overrides(n, f, str(spec["aggregator"]), str(spec["attack"]), bool(spec["metrics"]), extra=extra)
+        flag = ("trainer.batched_gradients=true",) if bool(spec.get("batched", False)) else ()
+        ovr = overrides(n, f, str(spec["aggregator"]), str(spec["attack"]), bool(spec["metrics"]),
+                        extra=extra + flag)
         trainers[str(name)] = build_trainer(compose(ovr), tmp)
     base = compose(overrides(n, f, "mean", "none", False, extra=extra))
-    floor = Floor(build_trainer(base, tmp), int(base.trainer.batch_size))
-    d = sum(p.numel() for p in floor.params)
-    times: dict[str, list[float]] = {"floor": [], **{k: [] for k in trainers}}
+    floors = {"floor": Floor(build_trainer(base, tmp), int(base.trainer.batch_size)),
+              "floor_vmap": VmapFloor(build_trainer(base, tmp), int(base.trainer.batch_size))}
+    d = sum(p.numel() for p in floors["floor"].params)
+    times: dict[str, list[float]] = {**{k: [] for k in floors}, **{k: [] for k in trainers}}
     parts: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in trainers}
 
     def run_case(name: str, timed: bool) -> None:
-        if name == "floor":
-            ms = _timed(floor.step, clock)
+        if name in floors:
+            ms = _timed(floors[name].step, clock)
             if timed:
                 times[name].append(ms)
             return
@@ -187,19 +232,24 @@ def bench_simulated(cfg: DictConfig, n: int, tmp: str) -> list[dict[str, Any]]:
         for name in times:
             for _ in range(int(cfg.steps)):
                 run_case(name, True)
-    floor_ms = statistics.median(times["floor"])
+    floor_ms, vmap_ms = statistics.median(times["floor"]), statistics.median(times["floor_vmap"])
     common = {"n": n, "f": f, "byzantine": f, "mode": "simulated", "d": d, "floor_ms": floor_ms,
-              "clock": str(cfg.clock), "threads": torch.get_num_threads()}
-    rows: list[dict[str, Any]] = [{**common, "case": "floor", "rule": "mean (plain loop)", "attack": "none",
-                                   "metrics": False, "byzantine": 0, "median_ms": floor_ms, "ratio_to_floor": 1.0,
-                                   "timed_steps": len(times["floor"]), "note": "plain torch loop: gradients, mean, SGD"}]
+              "vmap_floor_ms": vmap_ms, "clock": str(cfg.clock), "threads": torch.get_num_threads()}
+    rows: list[dict[str, Any]] = [
+        {**common, "case": "floor", "rule": "mean (plain loop)", "attack": "none", "metrics": False, "byzantine": 0,
+         "median_ms": floor_ms, "ratio_to_floor": 1.0, "ratio_to_vmap_floor": floor_ms / vmap_ms,
+         "timed_steps": len(times["floor"]), "note": "plain torch loop: gradients, mean, SGD"},
+        {**common, "case": "floor_vmap", "rule": "mean (vmap)", "attack": "none", "metrics": False, "byzantine": 0,
+         "median_ms": vmap_ms, "ratio_to_floor": vmap_ms / floor_ms, "ratio_to_vmap_floor": 1.0,
+         "timed_steps": len(times["floor_vmap"]), "note": "the same gradients by torch.func.vmap(grad), mean, SGD"}]
     for name, spec in specs.items():
         med = statistics.median(times[name])
         rows.append({**common, "case": name, "rule": str(spec["aggregator"]), "attack": str(spec["attack"]),
                      "metrics": bool(spec["metrics"]), "byzantine": 0 if str(spec["attack"]) == "none" else f,
-                     "median_ms": med, "ratio_to_floor": med / floor_ms,
+                     "median_ms": med, "ratio_to_floor": med / floor_ms, "ratio_to_vmap_floor": med / vmap_ms,
                      "step_ms": statistics.median(parts[name][0]), "record_ms": statistics.median(parts[name][1]),
-                     "timed_steps": len(times[name]), "note": ""})
+                     "timed_steps": len(times[name]),
+                     "note": "trainer.batched_gradients=true" if bool(spec.get("batched", False)) else ""})
     return rows
 
 
@@ -331,10 +381,11 @@ def _print(table: pd.DataFrame, startup: pd.DataFrame) -> None:
 
     console = Console(width=200)
     out = Table(title=f"robustagg training step ({machine()})",
-                caption="ratio_to_floor: median step time / the plain loop's (same n, same run); "
+                caption="ratio_to_floor (ratio_to_vmap_floor): median step time / the plain loop's (the vmap "
+                        "loop's), same n, same run; "
                         "step_ms + record_ms: trainer.step() and step_record()")
-    shown = ["case", "n", "rule", "attack", "metrics", "mode", "median_ms", "ratio_to_floor", "step_ms", "record_ms",
-             "timed_steps", "note"]
+    shown = ["case", "n", "rule", "attack", "metrics", "mode", "median_ms", "ratio_to_floor", "ratio_to_vmap_floor",
+             "step_ms", "record_ms", "timed_steps", "note"]
     for col in shown:
         out.add_column(col, justify="left" if col in ("case", "rule", "attack", "mode", "note") else "right")
     for rec in table.to_dict("records"):

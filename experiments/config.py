@@ -236,6 +236,11 @@ class TrainerConf:
             autocast, CPU or CUDA) or ``fp16`` (float16 autocast with a per-worker loss scaler,
             CUDA only). Submissions, aggregation and the optimizer stay float32
             (:mod:`robustagg.training.precision`).
+        batched_gradients: compute each process's workers' gradients of an update in one
+            ``torch.func.vmap`` call (``protocol=dsgd`` or ``async``, ``precision=32``, a model
+            without BatchNorm, dropout or random augmentation; refused before launch otherwise).
+            Not bit-identical to the per-worker loop in general (:mod:`robustagg.training.batched`),
+            so it is part of the run's identity.
         rejoin: with ``on_failure=shrink``: a replacement for every lost worker id joins the
             running group at a step boundary with the state of a live peer (the app's launcher).
     """
@@ -275,6 +280,7 @@ class TrainerConf:
     processes: int = 0
     measure_bias: bool = False
     precision: str = "32"
+    batched_gradients: bool = False
     rejoin: bool = False
 
 

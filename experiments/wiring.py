@@ -222,7 +222,8 @@ SETTING_KEYS: dict[str, str] = {
                                    "reduction", "on_nonfinite", "metrics", "progress", "device", "backend", "threads",
                                    "start_method", "collective_timeout_s", "master_addr", "port", "resume",
                                    "resume_changes", "max_restarts", "on_failure", "shrink_shards", "straggler_factor",
-                                   "processes", "measure_bias", "precision", "rejoin")},
+                                   "processes", "measure_bias", "precision", "rejoin",
+                                   "batched_gradients")},
     "seed": "seed", "checkpoint_every": "trainer.checkpoint.every", "checkpoint_keep": "trainer.checkpoint.keep",
     "ckpt_dir": "trainer.checkpoint.dir", "logger": "logger",
 }
@@ -290,7 +291,7 @@ class Plan:
             resume_changes=str(tr.resume_changes), max_restarts=int(tr.max_restarts), on_failure=str(tr.on_failure),
             shrink_shards=str(tr.shrink_shards), straggler_factor=float(tr.straggler_factor),
             processes=int(tr.processes), measure_bias=bool(tr.measure_bias), precision=str(tr.precision),
-            rejoin=bool(tr.rejoin), logger=dict(self.cfg["logger"]), key_names=SETTING_KEYS)
+            batched_gradients=bool(tr.batched_gradients), rejoin=bool(tr.rejoin), logger=dict(self.cfg["logger"]), key_names=SETTING_KEYS)
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}
@@ -711,6 +712,20 @@ def _trainer_checks(cfg: DictConfig) -> None:
     _rendezvous_checks(cfg)
 
 
+def _batched_check(cfg: DictConfig, model: torch.nn.Module, data: DataBundle) -> None:
+    """``trainer.batched_gradients=true``: the model, protocol and precision can be batched, by a dry
+    run of the batched gradient on two examples (:func:`robustagg.training.batched.check_batchable`).
+
+    Raises:
+        ConfigError: naming ``trainer.batched_gradients``, every reason and the fix.
+    """
+    from robustagg.protocols import DSGD
+    from robustagg.training.batched import check_batchable
+
+    check_batchable(model, protocol=build_protocol(cfg) or DSGD(), precision=cfg.trainer.precision,
+                    example=(data.train_x[:2], data.train_y[:2]))
+
+
 def _root_data_check(rule: Aggregator, root_samples: int) -> None:
     """A rule that needs the server's trusted update (FLTrust) gets root data, and only such a rule.
 
@@ -825,7 +840,9 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
                 attack_kind=kind, data=data, device=device, backend=backend, out_dir=str(out_dir))
     # Builds the model and optimizer once here: checks the model fits the data, and imports what
     # torch.optim imports lazily (seconds of CPU) before worker processes are forked.
-    build_model_and_optimizer(data, cfg, torch.device("cpu"))
+    model, _, _ = build_model_and_optimizer(data, cfg, torch.device("cpu"))
+    if bool(cfg.trainer.batched_gradients):
+        _batched_check(cfg, model, data)
     for cb in cfg.trainer.callbacks:
         if not isinstance(cb, Mapping) or not cb.get("_target_"):
             raise ConfigError(f"trainer.callbacks entries need a _target_; got {cb!r}.")

@@ -49,6 +49,28 @@ def test_floor_step_is_sgd_on_the_mean_of_the_workers_gradients():
     torch.testing.assert_close(model.bias.detach(), b0 - 0.5 * gb, rtol=0, atol=1e-12)
 
 
+def test_vmap_floor_takes_the_floors_batches_and_step_to_1e_12_with_uneven_batch_sizes():
+    from experiments.bench_train import Floor, VmapFloor
+
+    torch.manual_seed(0)
+    shards = {r: Shard(torch.randn(5 if r else 3, 4, dtype=torch.float64), torch.randint(0, 3, (5 if r else 3,)))
+              for r in range(4)}  # worker 0's shard is smaller than the batch: two batch sizes, two vmap calls
+    after = []
+    for cls in (Floor, VmapFloor):
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3)).double()
+        floor = cls(_Host(model, torch.optim.SGD(model.parameters(), lr=0.5), shards), batch_size=4)
+        for _ in range(3):
+            floor.step()
+        after.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    assert sorted(set(VmapFloor(_Host(model, None, shards), batch_size=4).batch)) == [3, 4]
+    torch.testing.assert_close(after[1], after[0], rtol=0, atol=1e-12)
+    torch.manual_seed(1)
+    start = torch.cat([p.detach().reshape(-1) for p in torch.nn.Sequential(
+        torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3)).double().parameters()])
+    assert float((after[0] - start).abs().max()) > 1e-3  # the steps moved the parameters
+
+
 def test_quick_run_writes_both_tables(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "experiments.bench_train", "quick=true", f"hydra.run.dir={tmp_path}"]
@@ -58,11 +80,16 @@ def test_quick_run_writes_both_tables(tmp_path):
 
     table = pd.read_csv(tmp_path / "bench_train.csv")
     assert list(table.columns) == COLUMNS
-    assert list(table["case"]) == ["floor", "mean", "cwtm", "cwtm_alie", "cwtm_alie_metrics", "processes"]
+    assert list(table["case"]) == ["floor", "floor_vmap", "mean", "cwtm", "cwtm_alie", "cwtm_alie_metrics", "mean_vmap",
+                                   "cwtm_vmap", "cwtm_alie_vmap", "cwtm_alie_metrics_vmap", "processes"]
     sim = table[table["mode"] == "simulated"]
     assert (sim["n"] == 5).all() and (sim["median_ms"] > 0).all() and (sim["timed_steps"] == 2).all()
     floor = float(sim.loc[sim["case"] == "floor", "median_ms"].iloc[0])
     assert ((sim["ratio_to_floor"] - sim["median_ms"] / floor).abs() < 1e-9).all()
+    vmap = float(sim.loc[sim["case"] == "floor_vmap", "median_ms"].iloc[0])
+    assert ((sim["ratio_to_vmap_floor"] - sim["median_ms"] / vmap).abs() < 1e-9).all()
+    assert set(sim.loc[sim["case"].str.endswith("_vmap") & (sim["case"] != "floor_vmap"), "note"]) == {
+        "trainer.batched_gradients=true"}
     assert set(sim.loc[sim["attack"] == "alie", "byzantine"]) == {1}  # f = 5 // 5
     proc_row = table[table["case"] == "processes"].iloc[0]
     assert proc_row["n"] == 3 and proc_row["timed_steps"] == 3 and proc_row["median_ms"] > 0  # 4 steps, 1 skipped

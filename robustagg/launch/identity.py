@@ -101,6 +101,7 @@ INTRODUCED: dict[str, Any] = {
     "protocol._target_": "robustagg.protocols.DSGD",  # the protocol seam (issue 15): dsgd was the only trainer
     "trainer.processes": 0,                             # one process per worker
     "trainer.precision": "32",                          # float32 forward passes
+    "trainer.batched_gradients": False,                 # the per-worker gradient loop
 }
 
 

@@ -70,6 +70,9 @@ class RunSettings:
         precision: ``"32"``, ``"bf16"`` (CPU or CUDA) or ``"fp16"`` (meant for CUDA; accepted on CPU,
             where it is slow, and refused there by the experiment app) autocast of the workers'
             forward pass and loss (:mod:`~robustagg.training.precision`).
+        batched_gradients: every process computes its hosted workers' gradients of an update in one
+            ``torch.func.vmap`` call (:mod:`~robustagg.training.batched`; the model, protocol and
+            precision are checked when the trainer is built).
         rejoin: with ``on_failure="shrink"``: after a shrink the launcher starts a replacement for
             every lost worker id, which joins the running group at a step boundary with the state
             of a live peer (:mod:`~robustagg.launch.grow`).
@@ -108,6 +111,7 @@ class RunSettings:
     processes: int = 0
     measure_bias: bool = False
     precision: str = "32"
+    batched_gradients: bool = False
     rejoin: bool = False
     logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     key_names: dict[str, str] = field(default_factory=dict)

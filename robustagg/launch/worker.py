@@ -106,7 +106,7 @@ def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: A
                       num_classes=int(parts.num_classes), seed=int(s.seed), scheduler=parts.scheduler,
                       worker_momentum=float(s.worker_momentum), byzantine=parts.byzantine, metrics=bool(s.metrics),
                       identities=ids, injector=injector, measure_bias=bool(s.measure_bias),
-                      precision=str(s.precision), **extra)
+                      precision=str(s.precision), batched_gradients=bool(s.batched_gradients), **extra)
     return parts, trainer, injector
 
 

@@ -135,6 +135,7 @@ class AsyncSGD(Protocol):
     gathers: ClassVar[bool] = True
     #: the schedule is over a fixed n: no elastic shrink (refused before launch).
     shrinkable: ClassVar[bool] = False
+    batched: ClassVar[Optional[str]] = "self"  # the jobs starting on the same parameters, batched in plan
 
     def __init__(self, *, max_staleness: int = 4, min_arrivals: int = 1,
                  staleness_weight: "str | StalenessWeight" = "none",
@@ -244,11 +245,12 @@ class AsyncSGD(Protocol):
         up = sched.advance()
         hosted = set(trainer.comm.local_ranks)
         self._fresh = {}
-        if any(w in hosted for w in up.started):
+        starting = [w for w in up.started if w in hosted]
+        if starting:
             trainer.model.train()
-        for w in up.started:
-            if w in hosted:
-                self.pending[w] = self._start_job(trainer, w, step)
+            trainer.prefetch_gradients(starting, step)  # one vmap with trainer.batched_gradients, else nothing
+        for w in starting:
+            self.pending[w] = self._start_job(trainer, w, step)
         n = trainer.comm.world_size
         return RoundPlan(step=step, members=up.members, full=len(up.members) == n,
                          staleness=dict(up.staleness), info=self._info(trainer, up))

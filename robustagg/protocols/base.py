@@ -70,6 +70,11 @@ class Protocol(abc.ABC):
     gathers: ClassVar[bool] = True
     #: False when an elastic shrink cannot continue the protocol's state (refused before launch).
     shrinkable: ClassVar[bool] = True
+    #: How ``trainer.batched_gradients`` (:mod:`~robustagg.training.batched`) serves the protocol:
+    #: ``"members"``: the trainer batches every hosted member's gradient of the update before
+    #: :meth:`submit` (which gets it from ``Trainer.worker_gradient``); ``"self"``: the protocol
+    #: calls ``Trainer.prefetch_gradients`` for the gradients it computes; ``None``: refused.
+    batched: ClassVar[Optional[str]] = None
 
     def bind(self, trainer: Trainer) -> None:
         """Called once by the trainer it serves (size client state, check the setting).

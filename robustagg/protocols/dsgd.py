@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 
@@ -28,6 +28,7 @@ class DSGD(Protocol):
 
     name: ClassVar[str] = "dsgd"
     gathers: ClassVar[bool] = False
+    batched: ClassVar[Optional[str]] = "members"
 
     def plan(self, trainer: Trainer, step: int) -> RoundPlan:
         """Every worker, fresh."""

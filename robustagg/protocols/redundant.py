@@ -235,6 +235,9 @@ class Redundant(DSGD):
     #: A shrink breaks the replica groups (r must divide n): refused before launch.
     shrinkable: ClassVar[bool] = False
     gathers: ClassVar[bool] = True
+    #: Refused: a group's replicas are compared bit for bit, and their processes may batch different
+    #: numbers of workers (batched gradients are not bit-identical to the loop in general).
+    batched: ClassVar[Optional[str]] = None
 
     def __init__(self, *, r: int = 3, f: Optional[int] = None, on_no_majority: str = "drop",
                  assignment: str = "disjoint") -> None:

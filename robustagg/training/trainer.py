@@ -24,6 +24,10 @@ Step (every process, ``dsgd``)::
     reduce: submissions framed with their checksums, integrity, rule -> aggregate
     p.grad <- aggregate ; optimizer.step() ; scheduler.step() ; step += 1
 
+With ``batched_gradients=True`` the hosted workers' batches are drawn in the same order and their
+gradients computed together, in one ``torch.func.vmap`` per batch shape, before the loop above
+(:mod:`~robustagg.training.batched`).
+
 An optional :class:`~robustagg.training.faults.FaultInjector` is called at fixed points of the step
 (start, each worker's compute, each submission, before the header exchange, each wire frame, after
 the reduction, after the optimizer step), so injected faults are deterministic in (rank, step).
@@ -36,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +51,7 @@ from ..distributed.lifeline import stop_requested
 from ..distributed.reduction import Reduced, Reduction
 from ..errors import ConfigError, ShapeError
 from ..integrity import checksum
+from .batched import BatchedGradients, Prefetched, check_batchable
 from .byzantine import ByzantineBehaviour
 from .precision import MAX_BACKOFFS, Precision, Retry, autocast, new_scaler, parse_precision, submission_dtype
 from .sampler import ShardSampler, mix_seed
@@ -184,12 +189,17 @@ class Trainer:
         precision: ``"32"``, ``"bf16"`` or ``"fp16"``: the workers' forward pass and loss under
             autocast, fp16 with a loss scaler per worker; submissions are float32 either way (see
             :mod:`~robustagg.training.precision`).
+        batched_gradients: compute the hosted workers' gradients of an update in one
+            ``torch.func.vmap`` call (:mod:`~robustagg.training.batched`; not bit-identical to the
+            per-worker loop in general, see there). Default ``False``.
 
     Raises:
         ConfigError: hosted workers and shards differ, Byzantine ranks out of range, every worker
             Byzantine, ``worker_momentum`` outside ``[0, 1)``, or ``identities`` not covering the
             hosted workers with distinct ids, an unknown ``precision``, or ``fp16`` with an
-            optimizer that does not hold every trainable parameter (the scaler unscales through it).
+            optimizer that does not hold every trainable parameter (the scaler unscales through it),
+            or ``batched_gradients`` with a model, protocol or precision that
+            :func:`~robustagg.training.batched.check_batchable` refuses.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduction: Reduction,
@@ -199,7 +209,7 @@ class Trainer:
                  identities: Optional[Mapping[int, int]] = None, injector: Optional["FaultInjector"] = None,
                  batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
                  root: Optional[Shard] = None, protocol: Optional["Protocol"] = None,
-                 measure_bias: bool = False, precision: Any = "32") -> None:
+                 measure_bias: bool = False, precision: Any = "32", batched_gradients: bool = False) -> None:
         self.comm = reduction.comm
         self.root, self.seed = root, int(seed)
         if sorted(shards) != list(self.comm.local_ranks):
@@ -270,6 +280,13 @@ class Trainer:
         #: The training protocol (who submits what per update, how the server applies it).
         self.protocol = protocol
         self.measure_bias = bool(measure_bias)
+        #: The batched per-worker gradients (``batched_gradients=True``), else ``None``; and the
+        #: gradients they computed ahead for the update in progress, ``{rank: Prefetched}``.
+        self.batched: Optional[BatchedGradients] = None
+        self._prefetched: dict[int, Prefetched] = {}
+        if batched_gradients:
+            check_batchable(model, protocol=protocol, precision=self.precision)
+            self.batched = BatchedGradients(model, loss_fn=loss_fn, batch_loss=batch_loss)
         protocol.bind(self)
         #: ``(rank, signal number)`` of the first rank whose header of the last step carried a stop
         #: request (``None``: none did); the same on every rank, so all stop after the same step.
@@ -353,13 +370,27 @@ class Trainer:
         randomness), so the result does not depend on how workers are spread over processes.
 
         Returns:
-            ``(g, loss)``: the flattened ``(d,)`` gradient (the parameters' dtype) and the batch loss.
+            ``(g, loss)``: the flattened ``(d,)`` gradient (the parameters' dtype) and the batch loss
+            (computed ahead by :meth:`prefetch_gradients` when that ran for ``rank`` at ``step``).
         """
+        ahead = self._prefetched.pop(rank, None)
+        if ahead is not None and ahead.step == step:
+            return ahead.gradient, ahead.loss
         batch = self.worker_batch(rank, step)
         torch.set_rng_state(self.worker_rng[rank])
         g, loss = self._gradient(batch, rank)
         self.worker_rng[rank] = torch.get_rng_state()
         return g, loss
+
+    def prefetch_gradients(self, ranks: Sequence[int], step: int) -> None:
+        """With ``batched_gradients``: compute hosted workers ``ranks``' gradients of update ``step``
+        now, in one ``vmap`` per batch shape (:meth:`BatchedGradients.prefetch
+        <robustagg.training.batched.BatchedGradients.prefetch>`), for :meth:`worker_gradient` to
+        return. Without it, nothing. The step calls it for every hosted member under a protocol whose
+        ``batched`` is ``"members"`` (dsgd); a protocol marked ``"self"`` (async) calls it itself.
+        """
+        if self.batched is not None and ranks:
+            self._prefetched = self.batched.prefetch(self, list(ranks), step)
 
     def step(self) -> StepOutput:
         """Take one update of the protocol on every hosted member; see the module docstring.
@@ -388,6 +419,10 @@ class Trainer:
         subs: dict[int, torch.Tensor] = {}
         aux: dict[int, tuple[float, float]] = {}
         self.model.train()  # once per step (it walks every module), not once per hosted worker
+        self._prefetched = {}
+        if self.batched is not None and proto.batched == "members":
+            self.prefetch_gradients([r for r in self.comm.local_ranks if r in member_set], step)
+        ahead = {r: p.seconds for r, p in self._prefetched.items()}  # shares of the batched compute time
         for r in self.comm.local_ranks:
             if r not in member_set:
                 continue
@@ -398,7 +433,7 @@ class Trainer:
             if inj is not None:
                 g = inj.submission(step, r, g)
             subs[r] = g
-            aux[r] = (loss, time.perf_counter() - tw)  # this worker's compute time (straggler evidence)
+            aux[r] = (loss, time.perf_counter() - tw + ahead.get(r, 0.0))  # compute time (straggler evidence)
         announced = step if inj is None else inj.before_announce(self, step)
         subset = None if plan.full else list(members)
         headers = self.reduction.announce(subs, step=announced, aux=aux, stop=stop_requested(), members=subset)
@@ -573,6 +608,7 @@ class Trainer:
         if sorted(int(r) for r in loc["workers"]) != sorted(by_id):
             raise ConfigError(f"local state is for workers {sorted(int(r) for r in loc['workers'])}, this process "
                               f"hosts workers {sorted(by_id)}.")
+        self._prefetched = {}
         self.step_id = int(rep["step"])
         self.model.load_state_dict(rep["model"])
         self.optimizer.load_state_dict(rep["optimizer"])
