@@ -89,10 +89,11 @@ def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int
     rng = np.random.default_rng([int(seed), 0xDA7A])
     name = DataName(getattr(c, "name"))
     groups: Optional[np.ndarray] = None
+    shape: tuple[int, ...]
     if name in (DataName.digits, DataName.synthetic):
         if name is DataName.digits:
-            x, y = _cached(("digits",), lambda: load_digits()[:2])
-            C, shape = 10, (1, 8, 8)
+            x, y, classes, dims = _cached(("digits",), _digits_arrays)
+            C, shape = int(classes[0]), tuple(int(s) for s in dims)
         else:
             x, y = make_synthetic(dim=int(getattr(c, "dim")), num_classes=int(getattr(c, "num_classes")),
                                   samples=int(getattr(c, "samples")), separation=float(getattr(c, "separation")),
@@ -146,6 +147,12 @@ def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int
     return DataBundle(train_x=torch.from_numpy(_own(x[tr])), train_y=torch.from_numpy(_own(ytr)),
                       test_x=torch.from_numpy(_own(xte)), test_y=torch.from_numpy(_own(yte)), num_classes=C, input_shape=tuple(shape),
                       parts=parts, shifts=shifts, name=name.value, partition=scheme.value)
+
+
+def _digits_arrays() -> tuple[np.ndarray, ...]:
+    """:func:`robustagg.data.load_digits` as arrays: ``(x, y, [classes], input shape)``."""
+    x, y, classes, shape = load_digits()
+    return x, y, np.array([classes]), np.array(shape, dtype=np.int64)
 
 
 def _own(a: np.ndarray) -> np.ndarray:

@@ -49,7 +49,8 @@ def test_digits_are_read_once_per_process_and_shared_read_only(monkeypatch) -> N
     a = build_data(_cfg(), n=10, byzantine_ranks=[8, 9], seed=0)
     b = build_data(_cfg(partition="dirichlet", alpha=0.1), n=10, byzantine_ranks=[], seed=3)
     assert len(calls) == 1  # the second run, another partition and seed, reused the arrays
-    (x, y), = [v for k, v in data_mod._SOURCES.items() if k == ("digits",)]
+    x, y, classes, shape = data_mod._SOURCES[("digits",)]
+    assert int(classes[0]) == 10 and shape.tolist() == [1, 8, 8]
     assert x.shape == (1797, 64) and y.shape == (1797,) and not x.flags.writeable and not y.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
         x[0, 0] = 1.0
