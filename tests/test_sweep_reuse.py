@@ -3,12 +3,13 @@
 The data set is read once per process (``experiments.data``'s source cache) and handed out
 read-only; every run gets its own tensors. The slow test runs two different runs in one process in
 both orders, each in a fresh interpreter, and asks for bit-identical results: the first run of a
-process is a fresh run, so each run is compared with itself fresh and after the other one.
+process is a fresh run, so each run is compared with itself fresh and after the other one. Another
+slow test runs a 4-job sweep over Hydra's joblib launcher with two workers and reads each job's
+``job_timing.json`` (experiments.jobtiming): the workers are reused across jobs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -130,3 +131,25 @@ def test_two_runs_in_one_process_equal_the_same_runs_fresh_in_either_order(tmp_p
     assert ab["A"] == ba["A"]
     assert ab["B"] == ba["B"]
     assert ab["A"]["model"] != ab["B"]["model"]  # two different runs (the comparison can fail)
+
+
+@pytest.mark.slow
+def test_joblib_sweep_reuses_its_worker_processes_and_records_each_job(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "experiments.train", "-m", "+experiment=integrity_vs_suppression", "logger=none",
+           "trainer.steps=1", "trainer.eval_every=0", "+experiment/rule=mean", "attack=none,sign_flip",
+           "data.partition=iid", "seed=0,1", "hydra/launcher=local", "hydra.launcher.n_jobs=2",
+           f"hydra.sweep.dir={sweep}", "+hydra.callbacks.job_timing._target_=experiments.jobtiming.JobTiming"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+    recs = [json.loads((sweep / str(k) / "job_timing.json").read_text()) for k in range(4)]
+    assert sorted(r["job_num"] for r in recs) == [0, 1, 2, 3]
+    assert all(r["status"] == "COMPLETED" and r["cpu_s"] > 0 and r["wall_s"] > 0 for r in recs)
+    by_pid: dict[int, list[int]] = {}
+    for r in recs:
+        by_pid.setdefault(r["pid"], []).append(r["job_in_process"])
+    assert len(by_pid) <= 2 and proc.pid not in by_pid  # two loky workers at most, none of them the launcher
+    assert all(sorted(v) == list(range(1, len(v) + 1)) for v in by_pid.values())
+    assert max(max(v) for v in by_pid.values()) >= 2  # four jobs, two workers: a worker ran a second job
