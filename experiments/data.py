@@ -2,11 +2,22 @@
 
 The sources, partitions and the bundle live in :mod:`robustagg.data`; this module reads the Hydra
 node and reports a partition that leaves a worker without data in config terms.
+
+A process that runs many runs (a warm joblib worker of a Hydra sweep, a notebook) reads each data
+set once: the arrays of the bundled digits and of the published files (MNIST, Fashion-MNIST,
+CIFAR) are kept in an in-process cache keyed by what they are read from, and handed out
+read-only; every run indexes them into its own copies (:func:`build_data`), so no run sees
+another's changes. Sources that are not pure functions of their key (``data=hf``,
+``data=custom``, ``data=synthetic``) are built afresh every time.
 """
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
+
+import os
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -17,7 +28,49 @@ from robustagg.errors import ConfigError
 
 from .config import ByzantineData, DataName, Partition
 
-__all__ = ["build_data", "augment_enabled"]
+__all__ = ["build_data", "augment_enabled", "clear_source_cache"]
+
+#: key -> read-only arrays of one source (see :func:`_cached`).
+_SOURCES: dict[tuple[object, ...], tuple[np.ndarray, ...]] = {}
+
+
+def clear_source_cache() -> None:
+    """Forget every data set read by :func:`build_data` in this process (the next run reads its files again)."""
+    _SOURCES.clear()
+
+
+def _cached(key: tuple[object, ...], read: Callable[[], tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """``read()``'s arrays, read once per ``key`` in this process and returned with ``writeable=False``.
+
+    Read-only, so that a run which tried to change the shared arrays in place would fail
+    (``ValueError: assignment destination is read-only``) instead of changing the next run's data;
+    :func:`build_data` only indexes them (``x[idx]`` copies).
+    """
+    hit = _SOURCES.get(key)
+    if hit is None:
+        hit = tuple(np.asarray(a) for a in read())
+        for a in hit:
+            a.setflags(write=False)
+        _SOURCES[key] = hit
+    return hit
+
+
+def _files_key(name: str, root: str) -> tuple[object, ...] | None:
+    """The published files of ``name`` under ``root``: ``(folder, ((file, size, mtime_ns), ...))``, or
+    ``None`` when they are not there yet (then nothing is cached: :func:`robustagg.data.load` reports or
+    downloads them)."""
+    from robustagg.data.folders import resolve
+
+    try:
+        folder, version = resolve(name, root)
+    except Exception:
+        return None
+    stats = []
+    for p in sorted(Path(folder).iterdir()):
+        if p.is_file():
+            st = p.stat()
+            stats.append((p.name, st.st_size, st.st_mtime_ns))
+    return (str(Path(folder).resolve()), version, tuple(stats))
 
 
 def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int) -> DataBundle:
@@ -36,9 +89,11 @@ def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int
     rng = np.random.default_rng([int(seed), 0xDA7A])
     name = DataName(getattr(c, "name"))
     groups: Optional[np.ndarray] = None
+    shape: tuple[int, ...]
     if name in (DataName.digits, DataName.synthetic):
         if name is DataName.digits:
-            x, y, C, shape = load_digits()
+            x, y, classes, dims = _cached(("digits",), _digits_arrays)
+            C, shape = int(classes[0]), tuple(int(s) for s in dims)
         else:
             x, y = make_synthetic(dim=int(getattr(c, "dim")), num_classes=int(getattr(c, "num_classes")),
                                   samples=int(getattr(c, "samples")), separation=float(getattr(c, "separation")),
@@ -47,12 +102,7 @@ def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int
         tr, te = train_test_split(y, float(getattr(c, "test_fraction")), rng)
         xtr_all, ytr_all, xte, yte = x, y, x[te], y[te]
     else:
-        loaded = _load_external(c, name)
-        C, shape = loaded.num_classes, tuple(loaded.input_shape)
-        xtr_all, ytr_all = _flat(loaded.train_x), loaded.train_y.numpy()
-        xte, yte = _flat(loaded.test_x), loaded.test_y.numpy()
-        if loaded.groups is not None:
-            groups = loaded.groups.numpy()
+        C, shape, xtr_all, ytr_all, xte, yte, groups = _external_arrays(c, name)
         if len(yte) == 0:  # the source has no test split: hold out test_fraction of the training set
             tr, te = train_test_split(ytr_all, float(getattr(c, "test_fraction")), rng)
             xte, yte = xtr_all[te], ytr_all[te]
@@ -94,9 +144,40 @@ def build_data(cfg: object, *, n: int, byzantine_ranks: Sequence[int], seed: int
         u = rng.standard_normal((n, x.shape[1]))
         u /= np.linalg.norm(u, axis=1, keepdims=True)
         shifts = torch.from_numpy((het * u).astype(np.float32))
-    return DataBundle(train_x=torch.from_numpy(x[tr]), train_y=torch.from_numpy(ytr), test_x=torch.from_numpy(xte),
-                      test_y=torch.from_numpy(yte), num_classes=C, input_shape=tuple(shape), parts=parts,
-                      shifts=shifts, name=name.value, partition=scheme.value)
+    return DataBundle(train_x=torch.from_numpy(_own(x[tr])), train_y=torch.from_numpy(_own(ytr)),
+                      test_x=torch.from_numpy(_own(xte)), test_y=torch.from_numpy(_own(yte)), num_classes=C, input_shape=tuple(shape),
+                      parts=parts, shifts=shifts, name=name.value, partition=scheme.value)
+
+
+def _digits_arrays() -> tuple[np.ndarray, ...]:
+    """:func:`robustagg.data.load_digits` as arrays: ``(x, y, [classes], input shape)``."""
+    x, y, classes, shape = load_digits()
+    return x, y, np.array([classes]), np.array(shape, dtype=np.int64)
+
+
+def _own(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when this run may write to it, else a copy: never hand a cached (read-only) array to torch."""
+    return a if a.flags.writeable else a.copy()
+
+
+def _external_arrays(c: object, name: DataName) -> tuple[int, tuple[int, ...], np.ndarray, np.ndarray, np.ndarray,
+                                                         np.ndarray, Optional[np.ndarray]]:
+    """``(classes, input shape, train x, train y, test x, test y, groups or None)`` of a non-bundled source.
+
+    The published files are read once per process (:func:`_cached`, keyed by data set, label,
+    resolved folder and each file's size and modification time); ``hf`` and ``custom`` every time.
+    """
+    def read() -> tuple[np.ndarray, ...]:
+        loaded = _load_external(c, name)
+        groups = () if loaded.groups is None else (loaded.groups.numpy(),)
+        return (np.array([loaded.num_classes]), np.array(loaded.input_shape, dtype=np.int64),
+                _flat(loaded.train_x), loaded.train_y.numpy(), _flat(loaded.test_x), loaded.test_y.numpy(), *groups)
+
+    root = getattr(c, "root", None)
+    files = _files_key(name.value, os.fspath(root)) if root and name not in (DataName.hf, DataName.custom) else None
+    arrays = read() if files is None else _cached(("files", name.value, str(getattr(c, "label")), files), read)
+    C, shape = int(arrays[0][0]), tuple(int(s) for s in arrays[1])
+    return C, shape, arrays[2], arrays[3], arrays[4], arrays[5], (arrays[6] if len(arrays) > 6 else None)
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
