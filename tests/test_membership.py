@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
@@ -23,6 +24,8 @@ from robustagg.errors import ConfigError, QuorumLostError
 from robustagg.launch.quorum import SEAL, Membership, next_epoch
 from robustagg.training import Fault
 from robustagg.training.faults import Partition
+from robustagg.training.resume import IDENTITY
+from state_equal import assert_state_equal
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 QUIET = ["logger=none", "trainer.progress=false", "trainer.eval_every=0", "trainer.param_check_every=0",
@@ -347,3 +350,77 @@ def test_a_replacement_without_a_committed_copy_of_its_state_stays_out_and_the_r
     (refused,) = [r for r in s["lineage"] if r["event"] == "rejoin_refused"]
     assert refused["worker"] == 5 and "holds worker 5's state; it cannot rejoin" in refused["reason"]
     assert not [r for r in s["lineage"] if r["event"] == "grow"]
+
+
+# --- the reference of a healed run: the same membership changes, scheduled, without a failure ----------------
+def test_membership_schedule_parses_checks_and_names_the_members_of_each_step():
+    from robustagg.launch.schedule import Absence, members_at, parse_membership
+
+    sched = parse_membership([{"workers": [5, 4, 5], "absent": [3, 7]}, {"workers": [0], "absent": [5, 0]}], n=6)
+    assert sched == (Absence((4, 5), 3, 7), Absence((0,), 5, 0))
+    assert [members_at(sched, SIX, k) for k in (2, 3, 6, 7, 100)] == [SIX, (0, 1, 2, 3), (1, 2, 3), (1, 2, 3, 4, 5),
+                                                                       (1, 2, 3, 4, 5)]
+    with pytest.raises(ConfigError, match=r"trainer.membership\[0\].absent = \[3, 3\]: .* a >= 1 and b > a"):
+        parse_membership([{"workers": [1], "absent": [3, 3]}], n=6)
+    with pytest.raises(ConfigError, match=r"trainer.membership\[0\].workers must name worker ids in 0..5; got \[6\]"):
+        parse_membership([{"workers": [6], "absent": [1, 2]}], n=6)
+    with pytest.raises(ConfigError, match=r"trainer.membership\[0\] must be \{workers"):
+        parse_membership([{"workers": [1], "steps": [1, 2]}], n=6)
+    with pytest.raises(ConfigError, match=r"every worker is absent at step 2"):
+        parse_membership([{"workers": [0, 1], "absent": [2, 4]}], n=2)
+    with pytest.raises(ConfigError, match=r"trainer.membership replays membership changes in simulated mode only"):
+        train(_cfg("threat.n=3", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=2",
+                   "trainer.mode=processes", "trainer.membership=[{workers: [2], absent: [1, 2]}]"), quiet=True)
+
+
+def _final_state(run: Path) -> dict:
+    """The last committed checkpoint of ``run``: replicated state and every worker's own state, by worker id."""
+    from robustagg.checkpoint import CheckpointStore
+
+    ck, _ = CheckpointStore(run / "checkpoints").latest()
+    assert ck is not None
+    rep = {k: v for k, v in ck.load("replicated.pt").items() if k not in ("comm_seq", IDENTITY)}
+    workers = {}
+    for name in ck.manifest["hosts"]:
+        workers.update({int(w): p for w, p in ck.load(name)["workers"].items()})
+    return {"step": ck.step, "replicated": rep, "workers": workers, "identities": ck.manifest["identities"]}
+
+
+REFERENCE_RUN = ("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=10",
+                 "trainer.checkpoint.every=2", "trainer.worker_momentum=0.5")
+
+
+def test_a_scheduled_absence_shrinks_and_grows_the_simulated_group(tmp_path):
+    s = train(_cfg(*REFERENCE_RUN, "trainer.mode=simulated", "trainer.membership=[{workers: [5], absent: [3, 7]}]"),
+              out_dir=tmp_path / "ref", quiet=True)
+    assert (s["n"], s["workers"], s["steps"]) == (6, list(SIX), 10)
+    changes = [(r["event"], r["step"], r.get("lost_workers", r.get("joined"))) for r in s["lineage"]
+               if r["event"] in ("shrink", "grow")]
+    assert changes == [("shrink", 2, [5]), ("grow", 6, [5])]
+    final = _final_state(tmp_path / "ref")
+    # worker 5 computed steps 1-2 and 7-10: six batches drawn; the others ten
+    assert final["workers"][5]["sampler"] != final["workers"][4]["sampler"]
+
+
+def test_a_healed_run_is_bit_equal_to_its_reference_membership_schedule(tmp_path):
+    # real processes: worker 5 SIGKILLed in step 4, the five restore the commit of step 2 and go on,
+    # the replacement is admitted after step 6 (join_step) with its own state of that commit
+    real = train(_cfg(*REFERENCE_RUN, "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=4",
+                      "faults.rejoin.seconds=0.2", "faults.rejoin.join_step=6", "trainer.on_failure=shrink",
+                      "trainer.rejoin=true", "trainer.max_restarts=1"), out_dir=tmp_path / "real", quiet=True)
+    ref = train(_cfg(*REFERENCE_RUN, "trainer.mode=simulated", "trainer.membership=[{workers: [5], absent: [3, 7]}]"),
+                out_dir=tmp_path / "ref", quiet=True)
+    assert real["workers"] == ref["workers"] == list(SIX) and real["restarts"] == 1
+    grow = next(r for r in real["lineage"] if r["event"] == "grow")
+    assert grow["step"] == 6 and grow["own_state_from"] == {"5": "step-00000002"}
+    a, b = _final_state(tmp_path / "real"), _final_state(tmp_path / "ref")
+    assert a["step"] == b["step"] == 10 and a["identities"] == b["identities"] == list(SIX)
+    assert_state_equal(a["replicated"], b["replicated"], "replicated")  # parameters, optimizer, scheduler, rule
+    assert_state_equal(a["workers"], b["workers"], "workers")  # data positions, momentum, RNG streams
+    assert (tmp_path / "real" / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
+    # and the schedule is not a no-op: without it the simulated run ends elsewhere
+    plain = train(_cfg(*REFERENCE_RUN, "trainer.mode=simulated"), out_dir=tmp_path / "plain", quiet=True)
+    assert plain["workers"] == list(SIX)
+    flat = [torch.cat([v.flatten().double() for v in st["replicated"]["model"].values()])
+            for st in (_final_state(tmp_path / "plain"), b)]
+    assert not torch.equal(*flat)

@@ -13,12 +13,12 @@ import logging
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
 from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl
-from ..distributed import Communicator, ProcessGroupComm, ShardedReduction, make_reduction
+from ..distributed import Communicator, LocalComm, ProcessGroupComm, ShardedReduction, make_reduction
 from ..errors import AssumptionWarning, CheckpointError, ConfigError, Interrupted, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
@@ -27,9 +27,10 @@ from ..training.faults import PartitionedError, fired_faults
 from ..training.resume import FAULT_LOG
 from .grow import (GrowWatch, Regroup, ask_to_join, form_group, install_grow, mark_done, own_state_from_disk,
                    receive_state, send_state, wait_for_epoch, wait_for_grow)
-from .job import Job, WorkerContext, grow_job
+from .job import Job, WorkerContext, grow_job, shrink_job
 from .quorum import Membership, fmt_members
 from .records import Attempt, settle_metrics, summary_from_records
+from .schedule import MembershipWatch, members_at, parse_membership
 
 __all__ = ["run_worker", "run_joiner", "device_for"]
 
@@ -190,8 +191,20 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                             restored.step, restored.checkpoint, replay)
         parent = restored.checkpoint
         pending = [int(j["worker"]) for j in attempt.joiners] if joiner is None else []
+        schedule = parse_membership(s.membership, key=s.key("membership"), n=job.n) if s.membership else ()
+        if schedule and restored.step > 0:
+            raise ConfigError(f"a run with {s.key('membership')} starts from step 0: resuming it from step "
+                              f"{restored.step} would lose the absent workers' frozen state; set "
+                              f"{s.key('resume')}=never or use a fresh run directory.")
+        base, base_byz = tuple(job.identities), tuple(job.byzantine_ids)
+        absent_parts: dict[int, Any] = {}  # a scheduled absence: the absent workers' frozen own state
         t0 = time.perf_counter()
         while True:
+            if schedule and trainer.step_id < int(s.steps):
+                want = members_at(schedule, base, trainer.step_id + 1)
+                if want != tuple(sorted(job.identities)):
+                    job, comm, parts, trainer, injector = _regroup_scheduled(
+                        job, attempt, trainer, device, store, want, base_byz, absent_parts)
             main = comm.is_main
             checkpointer = _checkpointer(job, attempt, store, injector, membership, parent)
             if checkpointer is not None and restored.checkpoint is not None and restored.step == trainer.step_id:
@@ -204,7 +217,9 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
 
                     wandb_sink = WandbSink(s.logger, job.config, str(out), name=job.name or out.name)
                     sinks.append(wandb_sink)
-            watch = []
+            watch: list[Any] = []
+            if schedule:
+                watch = [MembershipWatch(schedule, base, last_step=int(s.steps))]
             if pending and membership is not None:
                 at = max([int(j.get("at_step", 0)) for j in attempt.joiners], default=0)
                 watch = [GrowWatch(membership[0], membership[1], pending, last_step=int(s.steps), at_step=at,
@@ -217,12 +232,14 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                              checkpointer=checkpointer, stragglers=stragglers, on_detect=detect)
                 break
             except Regroup as at:
-                assert membership is not None
                 if main:
                     for sink in sinks:
                         sink.close()
                     sinks.clear()
                 parent = checkpointer.parent if checkpointer is not None else parent
+                if schedule:
+                    continue  # the loop's head rebuilds the group for the next step's members
+                assert membership is not None
                 job, comm, parts, trainer, injector, membership, grown = _grow_survivor(
                     job, attempt, trainer, device, store, membership, pending, at.step)
                 pending = []
@@ -276,6 +293,44 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
     finally:
         for sink in sinks:
             sink.close()
+
+
+def _regroup_scheduled(job: Job, attempt: Attempt, trainer: Trainer, device: torch.device,
+                       store: Optional[CheckpointStore], want: tuple[int, ...], byzantine: Sequence[int],
+                       absent_parts: dict[int, Any]) -> tuple[Any, ...]:
+    """Simulated mode, a ``trainer.membership`` boundary: the group of the next step's members ``want``.
+
+    The job is recomputed as after a failure (:func:`shrink_job` for the leavers, :func:`grow_job`
+    for the workers back: normalisation, effective batch, the rule's requirement); the replicated
+    state carries over; a leaver's own state (data position, momentum, RNG streams, protocol
+    state) is set aside in ``absent_parts`` unchanged and given back when it returns (see
+    :mod:`~robustagg.launch.schedule`). One ``shrink`` / ``grow`` lineage record per change.
+    """
+    step = trainer.step_id
+    state = trainer.state_dict()
+    own = {**absent_parts, **{int(w): p for w, p in state["local"]["workers"].items()}}
+    gone = [w for w in job.identities if w not in want]
+    back = [w for w in want if w not in job.identities]
+    records: list[dict[str, Any]] = []
+    if gone:
+        job, rec = shrink_job(job, gone, reason=f"trainer.membership: worker(s) {gone} absent from step {step + 1}")
+        records.append(rec)
+    if back:
+        job, rec = grow_job(job, back, byzantine=[w for w in back if w in byzantine],
+                            reason=f"trainer.membership: worker(s) {back} back at step {step + 1}")
+        records.append(rec)
+    comm = LocalComm(job.n, device=device)
+    parts, new_trainer, injector = _make_trainer(job, comm, device, attempt, store)
+    new_trainer.load_state_dict({"replicated": state["replicated"],
+                                 "local": {**state["local"], "workers": {w: own[w] for w in want}}})
+    absent_parts.clear()
+    absent_parts.update({w: p for w, p in own.items() if w not in want})
+    if store is not None:
+        for rec in records:
+            store.append_lineage({**rec, "step": step, "decided_by": "the trainer.membership schedule",
+                                  "source": "in-process", "state_from": "in-process: the schedule's own state, "
+                                  "an absent worker's frozen since it left"})
+    return job, comm, parts, new_trainer, injector
 
 
 def _new_group(job: Job, ms: Membership, epoch: int, members: tuple[int, ...], me: int, device: torch.device
