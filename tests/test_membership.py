@@ -424,3 +424,114 @@ def test_a_healed_run_is_bit_equal_to_its_reference_membership_schedule(tmp_path
     flat = [torch.cat([v.flatten().double() for v in st["replicated"]["model"].values()])
             for st in (_final_state(tmp_path / "plain"), b)]
     assert not torch.equal(*flat)
+
+
+# --- the in-memory peer copy of a lost worker's own state (trainer.peer_copy) --------------------------------
+PEER_RUN = (*REFERENCE_RUN, "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=5", "faults.rejoin.seconds=0.2",
+            "faults.rejoin.join_step=7", "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.peer_copy=true",
+            "trainer.max_restarts=1")
+#: worker 5 computed steps 1-4 (the commit of step 4 is its last), absent in 5-7, back from step 8
+PEER_REFERENCE = ("trainer.mode=simulated", "trainer.membership=[{workers: [5], absent: [5, 8]}]")
+
+
+def test_holder_of_is_the_nearest_member_before_in_the_ring():
+    from robustagg.launch.peer import holder_of
+
+    assert [holder_of(w, SIX, SIX) for w in SIX] == [5, 0, 1, 2, 3, 4]  # worker i holds worker i+1's
+    assert holder_of(5, (0, 1, 2, 3, 4), SIX) == 4 and holder_of(0, (2, 3), SIX) == 3
+    assert holder_of(4, (0, 1, 2), SIX) == holder_of(5, (0, 1, 2), SIX) == 2
+
+
+def test_a_replacement_whose_disk_copy_was_pruned_takes_the_peer_memory_copy(tmp_path):
+    # keep=1: when the joiner is admitted (after step 7) the only commit is the five's of step 6;
+    # worker 5's own state of step 4 survives in worker 4's memory, its digest in step 6's manifest
+    real = train(_cfg(*PEER_RUN, "trainer.checkpoint.keep=1"), out_dir=tmp_path / "real", quiet=True)
+    grow = next(r for r in real["lineage"] if r["event"] == "grow")
+    assert grow["sources"] == {"replicated": "peer 0", "own": {"5": "peer-memory 4"}}
+    assert grow["own_state_from"] == {"5": "step-00000004"} and grow["step"] == 7
+    assert not [r for r in real["lineage"] if r["event"] == "peer_copy_refused"]
+    # the state it took is the right one: the run equals its reference schedule bit for bit
+    train(_cfg(*REFERENCE_RUN, *PEER_REFERENCE), out_dir=tmp_path / "ref", quiet=True)
+    a, b = _final_state(tmp_path / "real"), _final_state(tmp_path / "ref")
+    assert_state_equal(a["replicated"], b["replicated"], "replicated")
+    assert_state_equal(a["workers"], b["workers"], "workers")
+
+
+class Spoil:
+    """Test callback: after step 6 of the five, corrupt worker 5's file of the commit of step 4 on disk
+    (its newest disk copy becomes the older one of step 2) and, with ``tamper``, one byte of the copy in
+    worker 4's memory."""
+
+    def __init__(self, ckpt: str, tamper: bool) -> None:
+        self.ckpt, self.tamper = Path(ckpt), bool(tamper)
+
+    def __call__(self, trainer, out) -> None:
+        if trainer.step_id != 6 or trainer.comm.world_size != 5:
+            return
+        ids = set(trainer.identities.values())
+        if 0 in ids:
+            f = self.ckpt / "step-00000004" / "rank-5.pt"
+            data = bytearray(f.read_bytes())
+            data[-10] ^= 0xFF
+            f.write_bytes(bytes(data))
+        if 4 in ids and self.tamper:
+            from robustagg.launch.peer import held
+
+            part = held().parts[5]
+            bad = bytearray(part.payload)
+            bad[len(bad) // 2] ^= 0x01
+            part.payload = bytes(bad)
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_an_older_disk_copy_loses_to_the_peer_memory_copy_unless_that_was_tampered_with(tmp_path, tamper):
+    log = tmp_path / "digests.jsonl"
+    ckpt = tmp_path / "real" / "checkpoints"
+    cbs = (f"trainer.callbacks=[{{_target_: test_membership.DigestLog, path: '{log}'}}, "
+           f"{{_target_: test_membership.Spoil, ckpt: '{ckpt}', tamper: {str(tamper).lower()}}}]")
+    real = train(_cfg(*PEER_RUN, "trainer.checkpoint.keep=3", cbs), out_dir=tmp_path / "real", quiet=True)
+    assert real["workers"] == list(SIX) and real["steps"] == 10
+    grow = next(r for r in real["lineage"] if r["event"] == "grow")
+    refused = [r for r in real["lineage"] if r["event"] == "peer_copy_refused"]
+    evidence = tmp_path / "real" / "evidence" / "rejoin-5.json"
+    if not tamper:
+        assert grow["sources"]["own"] == {"5": "peer-memory 4"} and grow["own_state_from"] == {"5": "step-00000004"}
+        assert not refused and not evidence.exists()
+        train(_cfg(*REFERENCE_RUN, *PEER_REFERENCE), out_dir=tmp_path / "ref", quiet=True)
+        assert_state_equal(_final_state(tmp_path / "real")["workers"], _final_state(tmp_path / "ref")["workers"])
+    else:
+        assert grow["sources"]["own"] == {"5": "disk"} and grow["own_state_from"] == {"5": "step-00000002"}
+        (rec,) = refused
+        assert rec["worker"] == 5 and rec["used"] == "disk"
+        assert rec["reason"].startswith("worker 5 refused the in-memory copy of its own state held by worker 4 "
+                                        "(step-00000004/rank-5.pt)")
+        ev = json.loads(evidence.read_text())
+        assert ev["kind"] == "peer_copy_refused" and ev["committed"]["checkpoint"] == "step-00000004"
+        assert ev["received"]["size"] == ev["committed"]["size"]
+        assert ev["received"]["sha256"] != ev["committed"]["sha256"]  # one flipped bit, caught by the digest
+    # every rank, the joiner included, ends with the same parameters and optimizer state
+    final = [json.loads(x) for x in log.read_text().splitlines() if json.loads(x)["step"] == 10]
+    assert len(final) == 6 and len({(r["params"], r["optim"]) for r in final}) == 1
+
+
+# --- torchrun: its elastic agent restarts the whole group, so rejoin (and shrink) stay with the app's launcher --
+def test_rejoin_is_refused_under_torchrun_naming_the_key_and_the_fix(tmp_path, monkeypatch):
+    from experiments.recovery import check_faults
+    from experiments.wiring import validate
+    from robustagg.launch import launch
+
+    cfg = _cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=4",
+               "trainer.on_failure=shrink", "trainer.rejoin=true")
+    with pytest.raises(ConfigError, match=r"trainer.rejoin=true is not available under torchrun: .* restarts the whole "
+                                          r"worker group .*set trainer.rejoin=false"):
+        check_faults(cfg, 6, under_torchrun=True)
+    job = validate(cfg).job()
+    monkeypatch.setenv("RANK", "0")  # what torchrun sets: the library refuses before forming any group
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    with pytest.raises(ConfigError, match=r"trainer.rejoin=true is not available under torchrun.*Run the app's own "
+                                          r"launcher instead"):
+        launch(job)
+    job.settings.rejoin = False
+    with pytest.raises(ConfigError, match=r"trainer.on_failure=shrink is not available under torchrun.*set "
+                                          r"trainer.on_failure=restart"):
+        launch(job)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..training import Trainer
 
 __all__ = ["Regroup", "GrowWatch", "ask_to_join", "wait_for_grow", "install_grow", "wait_for_epoch", "form_group",
-           "send_state", "receive_state", "own_state_from_disk", "mark_done"]
+           "send_state", "receive_state", "own_state_from_disk", "mark_done", "share_peer_copies", "gather_reports"]
 
 
 class Regroup(Exception):
@@ -252,3 +252,39 @@ def own_state_from_disk(store: CheckpointStore, worker: int) -> tuple[dict[str, 
                 local["workers"] = {int(worker): part["workers"][int(worker)]}
                 return local, path.name
     raise CheckpointError(f"no committed checkpoint in {store.root} holds worker {worker}'s state; it cannot rejoin.")
+
+
+def share_peer_copies(memory: Any, joiners: Sequence[int], survivors: Sequence[int], members: Sequence[int],
+                      ring: Sequence[int]) -> dict[int, Optional[dict[str, Any]]]:
+    """Every rank of the new group (``trainer.peer_copy``): each joiner's holder broadcasts its in-memory copy.
+
+    Args:
+        memory: this process's :class:`~robustagg.launch.peer.PeerMemory` (``None`` on a joiner).
+        joiners, survivors, members: worker ids (``members`` = the new epoch, ranks in its order).
+        ring: the original worker ids (who holds whom, :func:`~robustagg.launch.peer.holder_of`).
+
+    Returns:
+        ``{joiner: the holder's message or None}`` on every rank, one broadcast per joiner.
+    """
+    import torch.distributed as dist
+
+    from .peer import holder_of
+
+    order = sorted(int(w) for w in members)
+    out: dict[int, Optional[dict[str, Any]]] = {}
+    for w in sorted(int(j) for j in joiners):
+        src = order.index(holder_of(w, survivors, ring))
+        box: list[Any] = [memory.message(w) if memory is not None and dist.get_rank() == src else None]
+        dist.broadcast_object_list(box, src=src)
+        out[w] = box[0]
+    return out
+
+
+def gather_reports(mine: Optional[dict[str, Any]]) -> list[Optional[dict[str, Any]]]:
+    """Every rank of the new group: each joiner's report of where its own state came from
+    (``{"worker", "source", "checkpoint", "refused"}``; survivors pass ``None``)."""
+    import torch.distributed as dist
+
+    box: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(box, mine)
+    return list(box)

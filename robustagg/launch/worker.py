@@ -25,9 +25,10 @@ from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, Stragg
                         save_model, seed_everything, write_evidence, write_json)
 from ..training.faults import PartitionedError, fired_faults
 from ..training.resume import FAULT_LOG
-from .grow import (GrowWatch, Regroup, ask_to_join, form_group, install_grow, mark_done, own_state_from_disk,
-                   receive_state, send_state, wait_for_epoch, wait_for_grow)
+from .grow import (GrowWatch, Regroup, ask_to_join, form_group, gather_reports, install_grow, mark_done,
+                   own_state_from_disk, receive_state, send_state, share_peer_copies, wait_for_epoch, wait_for_grow)
 from .job import Job, WorkerContext, grow_job, shrink_job
+from .peer import PeerMemory, absent_records, choose_own_state, committed_record
 from .quorum import Membership, fmt_members
 from .records import Attempt, settle_metrics, summary_from_records
 from .schedule import MembershipWatch, members_at, parse_membership
@@ -112,7 +113,8 @@ def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: A
 
 
 def _checkpointer(job: Job, attempt: Attempt, store: Optional[CheckpointStore], injector: Optional[FaultInjector],
-                  membership: Optional[tuple[Membership, int]], parent: Optional[str]) -> Optional[Checkpointer]:
+                  membership: Optional[tuple[Membership, int]], parent: Optional[str],
+                  absent: Optional[dict[str, Any]] = None) -> Optional[Checkpointer]:
     s = job.settings
     if store is None or int(s.checkpoint_every) <= 0:
         return None
@@ -125,6 +127,9 @@ def _checkpointer(job: Job, attempt: Attempt, store: Optional[CheckpointStore], 
         epoch = int(membership[1])
         meta["membership_epoch"] = epoch
         guard = (lambda step, ms=membership[0], e=epoch: ms.claim_commit(e, step))
+    absent = {w: r for w, r in (absent or {}).items() if int(w) not in job.identities}
+    if absent:  # trainer.peer_copy: the committed record of every absent worker's own state travels on
+        meta["absent_parts"] = absent
     return Checkpointer(store, every=int(s.checkpoint_every), meta=meta, injector=injector, parent=parent, guard=guard)
 
 
@@ -191,6 +196,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                             restored.step, restored.checkpoint, replay)
         parent = restored.checkpoint
         pending = [int(j["worker"]) for j in attempt.joiners] if joiner is None else []
+        memory, absent = _seed_peer_memory(job, store, restored, ids) if joiner is None else (None, {})
         schedule = parse_membership(s.membership, key=s.key("membership"), n=job.n) if s.membership else ()
         if schedule and restored.step > 0:
             raise ConfigError(f"a run with {s.key('membership')} starts from step 0: resuming it from step "
@@ -206,7 +212,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                     job, comm, parts, trainer, injector = _regroup_scheduled(
                         job, attempt, trainer, device, store, want, base_byz, absent_parts)
             main = comm.is_main
-            checkpointer = _checkpointer(job, attempt, store, injector, membership, parent)
+            checkpointer = _checkpointer(job, attempt, store, injector, membership, parent, absent)
             if checkpointer is not None and restored.checkpoint is not None and restored.step == trainer.step_id:
                 checkpointer.last_saved = restored.step
             stragglers = StragglerLog(factor=float(s.straggler_factor)) if main else None
@@ -241,7 +247,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                     continue  # the loop's head rebuilds the group for the next step's members
                 assert membership is not None
                 job, comm, parts, trainer, injector, membership, grown = _grow_survivor(
-                    job, attempt, trainer, device, store, membership, pending, at.step)
+                    job, attempt, trainer, device, store, membership, pending, at.step, memory)
                 pending = []
                 restored = Restored(step=trainer.step_id, checkpoint=None)
         main = comm.is_main
@@ -341,8 +347,22 @@ def _new_group(job: Job, ms: Membership, epoch: int, members: tuple[int, ...], m
     return ProcessGroupComm(device=device, timeout_s=timeout, group_id=f"{job.run_id}/epoch-{epoch}")
 
 
+def _seed_peer_memory(job: Job, store: Optional[CheckpointStore], restored: Restored, ids: dict[int, int]
+                      ) -> tuple[Optional[PeerMemory], dict[str, Any]]:
+    """``trainer.peer_copy`` on a survivor: copy the absent workers' own state it holds (ring) from the
+    restored commit into memory; the ``absent_parts`` records its commits carry (:mod:`~robustagg.launch.peer`)."""
+    if not (job.settings.peer_copy and store is not None and restored.checkpoint is not None):
+        return None, {}
+    ring, members = tuple(range(job.n_initial)), tuple(job.identities)
+    memory = PeerMemory(min(ids.values()))
+    for problem in memory.seed(store, restored.checkpoint, members, ring):
+        log.warning("peer copy: %s", problem)
+    return memory, absent_records(store, restored.checkpoint, members, ring)
+
+
 def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.device, store: Optional[CheckpointStore],
-                   membership: tuple[Membership, int], joiners: list[int], step: int) -> tuple[Any, ...]:
+                   membership: tuple[Membership, int], joiners: list[int], step: int,
+                   memory: Optional[PeerMemory] = None) -> tuple[Any, ...]:
     """A survivor at the agreed boundary: new epoch, new group, rebuilt trainer, state sent to the joiners."""
     ms, epoch = membership
     me = job.identities[trainer.comm.local_ranks[0]]
@@ -353,6 +373,7 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     else:
         members = wait_for_epoch(ms, epoch + 1, timeout_s=timeout)
     byz = [int(j["worker"]) for j in attempt.joiners if j.get("byzantine")]
+    ring = tuple(range(job.n_initial))
     new_job, record = grow_job(job, joiners, byzantine=byz, reason=f"rejoin of worker(s) {joiners}")
     survivors = [w for w in members if w not in joiners]
     comm = _new_group(new_job, ms, epoch + 1, members, me, device)
@@ -360,19 +381,30 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     new_trainer.load_state_dict(state)
     src = sorted(members).index(min(survivors))
     send_state(state["replicated"] if comm.rank == src else None, src=src, src_worker=min(survivors))
+    if job.settings.peer_copy:
+        share_peer_copies(memory, joiners, survivors, members, ring)
+    reports = [r for r in gather_reports(None) if r is not None]
+    _refuse_unplaced(reports)
     new_trainer.check_parameters()  # the joiners take part only once every digest agrees
     grown = {**record, "step": int(step), "epoch": [epoch, epoch + 1], "decided_by": f"every member of epoch {epoch}",
-             "state_from": f"live peer worker {min(survivors)} over the process group (SHA-256 checked by the joiner)"}
+             "state_from": f"live peer worker {min(survivors)} over the process group (SHA-256 checked by the joiner)",
+             "own_state_from": {str(r["worker"]): r["checkpoint"] for r in reports},
+             "sources": {"replicated": f"peer {min(survivors)}", "own": {str(r["worker"]): r["source"] for r in reports}}}
     if comm.is_main and store is not None:
-        own = {}
-        for w in joiners:
-            try:
-                own[str(w)] = own_state_from_disk(store, w)[1]
-            except CheckpointError as exc:
-                own[str(w)] = str(exc)
-        grown["own_state_from"] = own
+        for r in reports:
+            if r.get("refused"):
+                store.append_lineage({"event": "peer_copy_refused", "step": int(step), "worker": r["worker"],
+                                      "reason": r["refused"], "used": r["source"]})
         store.append_lineage(grown)
     return new_job, comm, parts, new_trainer, injector, (ms, epoch + 1), grown
+
+
+def _refuse_unplaced(reports: list[dict[str, Any]]) -> None:
+    """Every rank of the new group: stop when some joiner has no usable own state (it raises too)."""
+    bad = [r for r in reports if not r["source"]]
+    if bad:
+        raise CheckpointError("; ".join(f"worker {r['worker']} cannot take part: {r.get('refused') or 'no own state'}"
+                                        for r in bad))
 
 
 def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], device: torch.device,
@@ -389,8 +421,15 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
                             prefix=str(where.get("prefix", "robustagg/membership")))
     epoch = int(where["epoch"])
     time.sleep(float(joiner.get("after_s", 0.0)))  # a `rejoin` fault: the worker comes back after S seconds
+    own: Optional[dict[str, Any]] = None
+    own_from = ""
     try:  # before it is admitted, a replacement that cannot join must not stop the running group
-        own, own_from = own_state_from_disk(store, me)  # before asking: something must hold its own state
+        if s.peer_copy:  # a committed record of its state must exist (the copy is read once admitted)
+            if committed_record(store, me) is None:
+                raise CheckpointError(f"no committed checkpoint in {store.root} holds or records worker {me}'s state; "
+                                      "it cannot rejoin.")
+        else:
+            own, own_from = own_state_from_disk(store, me)  # before asking: something must hold its own state
         ask_to_join(ms, epoch, me)
         members = wait_for_grow(ms, epoch, me, timeout_s=max(120.0, 4 * timeout))
     except (QuorumLostError, CheckpointError) as refused:
@@ -407,8 +446,27 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
     survivors = [w for w in members if w not in joiners]
     src = sorted(members).index(min(survivors))
     replicated = receive_state(send_state(None, src=src, src_worker=min(survivors)))
+    source = "disk"
+    if s.peer_copy:  # its disk copy as of now, or the holder's in-memory copy when that is newer
+        peers = share_peer_copies(None, joiners, survivors, members, tuple(range(job.n_initial)))
+        try:
+            disk: Optional[tuple[dict[str, Any], str]] = own_state_from_disk(store, me)
+        except CheckpointError:
+            disk = None
+        own, source, own_from, refusal = choose_own_state(me, disk, peers.get(me), committed_record(store, me))
+        if refusal is not None:
+            write_json(Path(job.run_dir) / "evidence" / f"rejoin-{me}.json", {**refusal, "epoch": epoch + 1})
+            log.warning("%s", refusal["message"])
+        why = None if refusal is None else refusal["message"]
+    else:
+        why = None
+    reports = [r for r in gather_reports({"worker": me, "source": source if own is not None else "",
+                                          "checkpoint": own_from, "refused": why}) if r is not None]
+    _refuse_unplaced(reports)
+    assert own is not None
     trainer.load_state_dict({"replicated": replicated, "local": own})
-    grown = {**record, "epoch": [epoch, epoch + 1], "own_state_from": {str(me): own_from}}
+    grown = {**record, "epoch": [epoch, epoch + 1], "own_state_from": {str(me): own_from},
+             "sources": {"replicated": f"peer {min(survivors)}", "own": {str(me): source}}}
     return new_job, comm, parts, trainer, injector, (ms, epoch + 1), grown
 
 
