@@ -56,8 +56,9 @@ import torch
 
 from .errors import CheckpointError
 
-__all__ = ["FORMAT_VERSION", "KEY_ENV", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state", "parse_state",
-           "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint", "CheckpointStore"]
+__all__ = ["FORMAT_VERSION", "KEY_ENV", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
+           "parse_state", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
+           "CheckpointStore"]
 
 #: 2: files written by the trainer's Checkpointer carry their own identity (step, run id, workers).
 FORMAT_VERSION = 2

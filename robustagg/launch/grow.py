@@ -17,12 +17,17 @@ attempt, one replacement process per lost worker id (:func:`run_joiner`). The pr
    (parameters, optimizer, scheduler, rule and protocol state, ...) with a manifest of its
    SHA-256; the joiner checks the digest of the bytes it received against that manifest, loads
    them, and takes its own data position, momentum and RNG streams from the newest committed
-   checkpoint that holds its worker id (digest-checked by :meth:`~robustagg.checkpoint.Checkpoint.load`);
+   checkpoint that holds its worker id (digest-checked by :meth:`~robustagg.checkpoint.Checkpoint.load`),
+   or with ``trainer.peer_copy`` from the in-memory copy of the survivor that holds it in the
+   ring when that is newer or the disk copy is missing (:func:`share_peer_copies`,
+   :mod:`~robustagg.launch.peer`); every rank learns where each joiner's state came from
+   (:func:`gather_reports`) and all stop together when a joiner has none;
 5. before anyone trains, every rank compares parameter and optimizer-state digests
    (:meth:`~robustagg.training.Trainer.check_parameters`); the lineage gets a ``grow`` record.
 
 What is not claimed: the trajectory is not the one of an uninterrupted run (availability does not
-preserve it); the joiner's own data stream resumes at its last committed position; a joiner that
+preserve it; with a deterministic grow step it is the one of the reference schedule,
+:mod:`~robustagg.launch.schedule`); the joiner's own data stream resumes at its last committed position; a joiner that
 arrives after the last step finds the run over (``done/<e>``) and exits.
 """
 

@@ -107,8 +107,15 @@ class PeerMemory:
         """At restore: copy the own state of every non-member this worker holds from ``checkpoint``
         (the file of that commit, or the one its ``absent_parts`` names), digest-checked.
 
+        Args:
+            store: the run's checkpoint store. checkpoint: the restored commit's folder name.
+            members: the worker ids of the restored group. ring: the original worker ids.
+
         Returns:
             the problems met (a part that could not be read or verified is not held).
+
+        Raises:
+            CheckpointError: the restored commit's manifest cannot be read.
         """
         problems: list[str] = []
         manifest = store.read_manifest(store.root / checkpoint)
@@ -156,7 +163,14 @@ def _record_in(manifest: dict[str, Any], name: str, worker: int) -> Optional[dic
 def absent_records(store: CheckpointStore, checkpoint: str, members: Sequence[int], ring: Sequence[int]
                    ) -> dict[str, dict[str, Any]]:
     """The ``absent_parts`` manifest field of commits made by ``members``: for each absent worker of
-    ``ring``, the committed record of its own state in (or carried by) ``checkpoint``."""
+    ``ring``, the committed record of its own state in (or carried by) ``checkpoint``.
+
+    Returns:
+        ``{str(worker id): {"checkpoint", "step", "file", "size" (bytes), "sha256"}}``.
+
+    Raises:
+        CheckpointError: the manifest of ``checkpoint`` cannot be read.
+    """
     manifest = store.read_manifest(store.root / checkpoint)
     out = {}
     for w in ring:
@@ -184,7 +198,8 @@ def _sha(data: bytes) -> str:
 
 
 def choose_own_state(worker: int, disk: Optional[tuple[dict[str, Any], str]], peer: Optional[dict[str, Any]],
-                     record: Optional[dict[str, Any]]) -> tuple[Optional[dict[str, Any]], str, str, Optional[dict[str, Any]]]:
+                     record: Optional[dict[str, Any]]
+                     ) -> tuple[Optional[dict[str, Any]], str, str, Optional[dict[str, Any]]]:
     """The replacement's choice between its disk copy and a peer's in-memory copy.
 
     Args:
@@ -204,8 +219,9 @@ def choose_own_state(worker: int, disk: Optional[tuple[dict[str, Any], str]], pe
     if peer is not None and int(peer["record"]["step"]) > disk_step:
         payload, man = peer["payload"], peer["record"]
         got: dict[str, Any] = {"size": len(payload), "sha256": _sha(payload)}
-        want: Optional[dict[str, Any]] = None if record is None else {"checkpoint": record["checkpoint"], "size": int(record["size"]),
-                                            "sha256": str(record["sha256"])}
+        want: Optional[dict[str, Any]] = None
+        if record is not None:
+            want = {"checkpoint": record["checkpoint"], "size": int(record["size"]), "sha256": str(record["sha256"])}
         if want is not None and want["checkpoint"] == man["checkpoint"] and got == {k: want[k] for k in got}:
             from ..training.resume import IDENTITY
 

@@ -85,7 +85,8 @@ def parse_membership(items: Iterable[Any], *, key: str = "trainer.membership", n
             raise ConfigError(f"{where}: workers must be a list of worker ids and absent a pair [a, b] of 1-based "
                               f"steps; got {dict(item)!r}.") from None
         if not workers or min(workers) < 0 or (n and max(workers) >= n):
-            raise ConfigError(f"{where}.workers must name worker ids in 0..{n - 1 if n else 'n-1'}; got {list(workers)}.")
+            top = n - 1 if n else "n-1"
+            raise ConfigError(f"{where}.workers must name worker ids in 0..{top}; got {list(workers)}.")
         if a < 1 or (b != 0 and b <= a):
             raise ConfigError(f"{where}.absent = [{a}, {b}]: the workers are absent in the 1-based steps a..b-1, so "
                               "a >= 1 and b > a (or b = 0: they never come back).")

@@ -389,7 +389,8 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     grown = {**record, "step": int(step), "epoch": [epoch, epoch + 1], "decided_by": f"every member of epoch {epoch}",
              "state_from": f"live peer worker {min(survivors)} over the process group (SHA-256 checked by the joiner)",
              "own_state_from": {str(r["worker"]): r["checkpoint"] for r in reports},
-             "sources": {"replicated": f"peer {min(survivors)}", "own": {str(r["worker"]): r["source"] for r in reports}}}
+             "sources": {"replicated": f"peer {min(survivors)}",
+                         "own": {str(r["worker"]): r["source"] for r in reports}}}
     if comm.is_main and store is not None:
         for r in reports:
             if r.get("refused"):
