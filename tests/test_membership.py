@@ -509,6 +509,10 @@ def test_an_older_disk_copy_loses_to_the_peer_memory_copy_unless_that_was_tamper
         assert ev["kind"] == "peer_copy_refused" and ev["committed"]["checkpoint"] == "step-00000004"
         assert ev["received"]["size"] == ev["committed"]["size"]
         assert ev["received"]["sha256"] != ev["committed"]["sha256"]  # one flipped bit, caught by the digest
+    # the five's commits carry the committed record of worker 5's part; the six's do not
+    ms = _manifests(tmp_path / "real")
+    assert ms[6]["identities"] == [0, 1, 2, 3, 4] and ms[6]["absent_parts"]["5"]["checkpoint"] == "step-00000004"
+    assert "absent_parts" not in ms[8] and ms[8]["identities"] == list(SIX)
     # every rank, the joiner included, ends with the same parameters and optimizer state
     final = [json.loads(x) for x in log.read_text().splitlines() if json.loads(x)["step"] == 10]
     assert len(final) == 6 and len({(r["params"], r["optim"]) for r in final}) == 1

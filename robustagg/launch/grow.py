@@ -265,7 +265,9 @@ def share_peer_copies(memory: Any, joiners: Sequence[int], survivors: Sequence[i
 
     Args:
         memory: this process's :class:`~robustagg.launch.peer.PeerMemory` (``None`` on a joiner).
-        joiners, survivors, members: worker ids (``members`` = the new epoch, ranks in its order).
+        joiners: the joiners' worker ids.
+        survivors: the survivors' worker ids (the holders are among them).
+        members: the new epoch's worker ids (process ranks in their sorted order).
         ring: the original worker ids (who holds whom, :func:`~robustagg.launch.peer.holder_of`).
 
     Returns:

@@ -74,9 +74,14 @@ class HeldPart:
     """One worker's own-state file of one commit, held in a peer's memory.
 
     Attributes:
-        worker: whose state it is. holder: the worker id keeping it. checkpoint: the commit's
-        folder name (``step-NNNNNNNN``). step: its step. file: the file's name in that commit.
-        size: bytes. sha256: the manifest's digest of the file. payload: the file's bytes.
+        worker: whose state it is.
+        holder: the worker id keeping it.
+        checkpoint: the commit's folder name (``step-NNNNNNNN``).
+        step: its step (completed optimizer steps).
+        file: the file's name in that commit.
+        size: the file's size in bytes.
+        sha256: the manifest's SHA-256 of the file (hex).
+        payload: the file's bytes.
     """
 
     worker: int
@@ -108,8 +113,10 @@ class PeerMemory:
         (the file of that commit, or the one its ``absent_parts`` names), digest-checked.
 
         Args:
-            store: the run's checkpoint store. checkpoint: the restored commit's folder name.
-            members: the worker ids of the restored group. ring: the original worker ids.
+            store: the run's checkpoint store.
+            checkpoint: the restored commit's folder name.
+            members: the worker ids of the restored group.
+            ring: the original worker ids.
 
         Returns:
             the problems met (a part that could not be read or verified is not held).

@@ -118,7 +118,8 @@ class MembershipWatch:
     worker loop rebuilds the group at that boundary; nothing after ``last_step``.
 
     Args:
-        schedule: the parsed absences. workers: every worker id of the original group.
+        schedule: the parsed absences.
+        workers: every worker id of the original group.
         last_step: the run's last step.
     """
 

@@ -355,9 +355,13 @@ def _seed_peer_memory(job: Job, store: Optional[CheckpointStore], restored: Rest
         return None, {}
     ring, members = tuple(range(job.n_initial)), tuple(job.identities)
     memory = PeerMemory(min(ids.values()))
-    for problem in memory.seed(store, restored.checkpoint, members, ring):
-        log.warning("peer copy: %s", problem)
-    return memory, absent_records(store, restored.checkpoint, members, ring)
+    try:
+        for problem in memory.seed(store, restored.checkpoint, members, ring):
+            log.warning("peer copy: %s", problem)
+        return memory, absent_records(store, restored.checkpoint, members, ring)
+    except CheckpointError as exc:  # restored from a folder outside the store (an explicit path): no copy
+        log.warning("peer copy: not taken (%s); a replacement uses its disk copy", exc)
+        return None, {}
 
 
 def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.device, store: Optional[CheckpointStore],
