@@ -539,3 +539,26 @@ def test_rejoin_is_refused_under_torchrun_naming_the_key_and_the_fix(tmp_path, m
     with pytest.raises(ConfigError, match=r"trainer.on_failure=shrink is not available under torchrun.*set "
                                           r"trainer.on_failure=restart"):
         launch(job)
+
+
+def test_two_replacements_rejoin_at_two_boundaries_and_the_run_equals_its_reference(tmp_path):
+    # workers 4 and 5 killed in step 4; the four restore step 2; 5 is admitted after step 6, 4 after step 8
+    real = train(_cfg(*REFERENCE_RUN, "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=4",
+                      "faults.rejoin.seconds=0.2", "faults.rejoin.join_step=6",
+                      "+faults.back4={kind: rejoin, rank: 4, step: 4, seconds: 0.2, join_step: 8}",
+                      "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.max_restarts=1"),
+                 out_dir=tmp_path / "real", quiet=True)
+    assert real["workers"] == list(SIX) and real["restarts"] == 1
+    shrink = next(r for r in real["lineage"] if r["event"] == "shrink")
+    grows = [r for r in real["lineage"] if r["event"] == "grow"]
+    assert shrink["lost_workers"] == [4, 5] and shrink["step"] == 2
+    assert [(g["step"], g["joined"], g["old_n"], g["new_n"], g["epoch"]) for g in grows] == [
+        (6, [5], 4, 5, [1, 2]), (8, [4], 5, 6, [2, 3])]
+    ref = train(_cfg(*REFERENCE_RUN, "trainer.mode=simulated",
+                     "trainer.membership=[{workers: [5], absent: [3, 7]}, {workers: [4], absent: [3, 9]}]"),
+                out_dir=tmp_path / "ref", quiet=True)
+    assert [(r["event"], r["step"]) for r in ref["lineage"] if r["event"] in ("shrink", "grow")] == [
+        ("shrink", 2), ("grow", 6), ("grow", 8)]
+    a, b = _final_state(tmp_path / "real"), _final_state(tmp_path / "ref")
+    assert_state_equal(a["replicated"], b["replicated"], "replicated")
+    assert_state_equal(a["workers"], b["workers"], "workers")

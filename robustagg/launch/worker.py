@@ -25,8 +25,8 @@ from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, Stragg
                         save_model, seed_everything, write_evidence, write_json)
 from ..training.faults import PartitionedError, fired_faults
 from ..training.resume import FAULT_LOG
-from .grow import (GrowWatch, Regroup, ask_to_join, form_group, gather_reports, install_grow, mark_done,
-                   own_state_from_disk, receive_state, send_state, share_peer_copies, wait_for_epoch, wait_for_grow)
+from .grow import (GrowWatch, Regroup, form_group, gather_reports, install_grow, join_when_admitted, mark_done,
+                   next_group, own_state_from_disk, receive_state, send_state, share_peer_copies, wait_for_epoch)
 from .job import Job, WorkerContext, grow_job, shrink_job
 from .peer import PeerMemory, absent_records, choose_own_state, committed_record
 from .quorum import Membership, fmt_members
@@ -195,7 +195,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                 log.warning("resumed from step %d (checkpoint %s, verified), replaying %d step(s)",
                             restored.step, restored.checkpoint, replay)
         parent = restored.checkpoint
-        pending = [int(j["worker"]) for j in attempt.joiners] if joiner is None else []
+        pending = [int(j["worker"]) for j in attempt.joiners if int(j["worker"]) not in job.identities]
         memory, absent = _seed_peer_memory(job, store, restored, ids) if joiner is None else (None, {})
         schedule = parse_membership(s.membership, key=s.key("membership"), n=job.n) if s.membership else ()
         if schedule and restored.step > 0:
@@ -226,9 +226,10 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
             watch: list[Any] = []
             if schedule:
                 watch = [MembershipWatch(schedule, base, last_step=int(s.steps))]
-            if pending and membership is not None:
-                at = max([int(j.get("at_step", 0)) for j in attempt.joiners], default=0)
-                watch = [GrowWatch(membership[0], membership[1], pending, last_step=int(s.steps), at_step=at,
+            group: list[int] = []
+            if pending and membership is not None:  # one grow per group of joiners with the same join_step
+                group, at = next_group(attempt.joiners, pending)
+                watch = [GrowWatch(membership[0], membership[1], group, last_step=int(s.steps), at_step=at,
                                    wait_s=max(120.0, 4 * float(s.collective_timeout_s)))]
             try:
                 result = fit(trainer, steps=max(0, int(s.steps) - trainer.step_id),
@@ -247,12 +248,13 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                     continue  # the loop's head rebuilds the group for the next step's members
                 assert membership is not None
                 job, comm, parts, trainer, injector, membership, grown = _grow_survivor(
-                    job, attempt, trainer, device, store, membership, pending, at.step, memory)
-                pending = []
+                    job, attempt, trainer, device, store, membership, group, at.step, memory)
+                pending = [w for w in pending if w not in group]
                 restored = Restored(step=trainer.step_id, checkpoint=None)
         main = comm.is_main
         if membership is not None and main:
-            mark_done(membership[0], int((attempt.membership or {}).get("epoch", membership[1])))
+            for e in range(int((attempt.membership or {}).get("epoch", membership[1])), membership[1] + 1):
+                mark_done(membership[0], e)  # a joiner still waiting under any of them may exit
         if not main:
             return None
         summary = result.to_dict()
@@ -386,7 +388,7 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     src = sorted(members).index(min(survivors))
     send_state(state["replicated"] if comm.rank == src else None, src=src, src_worker=min(survivors))
     if job.settings.peer_copy:
-        share_peer_copies(memory, joiners, survivors, members, ring)
+        share_peer_copies(memory, joiners, _holders(ms, attempt), members, ring)
     reports = [r for r in gather_reports(None) if r is not None]
     _refuse_unplaced(reports)
     new_trainer.check_parameters()  # the joiners take part only once every digest agrees
@@ -402,6 +404,11 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
                                       "reason": r["refused"], "used": r["source"]})
         store.append_lineage(grown)
     return new_job, comm, parts, new_trainer, injector, (ms, epoch + 1), grown
+
+
+def _holders(ms: Membership, attempt: Attempt) -> tuple[int, ...]:
+    """The group that restored in this attempt and took the peer copies (the attempt's epoch)."""
+    return ms.members(int((attempt.membership or {})["epoch"]))
 
 
 def _refuse_unplaced(reports: list[dict[str, Any]]) -> None:
@@ -435,17 +442,20 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
                                       "it cannot rejoin.")
         else:
             own, own_from = own_state_from_disk(store, me)  # before asking: something must hold its own state
-        ask_to_join(ms, epoch, me)
-        members = wait_for_grow(ms, epoch, me, timeout_s=max(120.0, 4 * timeout))
+        admitted = join_when_admitted(ms, epoch, me, timeout_s=max(120.0, 4 * timeout))
     except (QuorumLostError, CheckpointError) as refused:
         log.warning("worker %d does not rejoin: %s", me, refused)
         store.append_lineage({"event": "rejoin_refused", "worker": me, "epoch": epoch, "reason": str(refused)})
         return None
-    if members is None:
+    if admitted is None:
         return None
-    joiners = [int(j["worker"]) for j in attempt.joiners]
+    epoch, members = admitted  # an earlier grow of this attempt may have admitted other joiners first
+    joiners = [w for w in members if w not in ms.members(epoch)]
     byz = [int(j["worker"]) for j in attempt.joiners if j.get("byzantine")]
-    new_job, record = grow_job(job, joiners, byzantine=byz, reason=f"rejoin of worker(s) {joiners}")
+    new_job, record = grow_job(job, [w for w in members if w not in job.identities], byzantine=byz,
+                               reason=f"rejoin of worker(s) {joiners}")
+    record.update(old_n=len(ms.members(epoch)), joined=joiners)  # this grow's, not the attempt's so far
+    record["effective_batch"][0] = record["old_n"] * int(s.batch_size)
     comm = _new_group(new_job, ms, epoch + 1, members, me, device)
     parts, trainer, injector = _make_trainer(new_job, comm, device, attempt, store)
     survivors = [w for w in members if w not in joiners]
@@ -453,7 +463,7 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
     replicated = receive_state(send_state(None, src=src, src_worker=min(survivors)))
     source = "disk"
     if s.peer_copy:  # its disk copy as of now, or the holder's in-memory copy when that is newer
-        peers = share_peer_copies(None, joiners, survivors, members, tuple(range(job.n_initial)))
+        peers = share_peer_copies(None, joiners, _holders(ms, attempt), members, tuple(range(job.n_initial)))
         try:
             disk: Optional[tuple[dict[str, Any], str]] = own_state_from_disk(store, me)
         except CheckpointError:
