@@ -243,6 +243,11 @@ class TrainerConf:
             so it is part of the run's identity.
         rejoin: with ``on_failure=shrink``: a replacement for every lost worker id joins the
             running group at a step boundary with the state of a live peer (the app's launcher).
+        peer_copy: with ``rejoin``: survivors keep the lost workers' last committed own state in
+            memory (ring: worker i holds the absent workers after it); a replacement uses it when
+            its disk copy is older or missing (SHA-256 checked against the committed manifests).
+        membership: simulated mode: absences ``[{workers: [ids], absent: [a, b]}]`` (absent in the
+            1-based steps a..b-1; b = 0: for good), the reference run of a shrink and a rejoin.
     """
 
     mode: Mode = Mode.processes
@@ -282,6 +287,8 @@ class TrainerConf:
     precision: str = "32"
     batched_gradients: bool = False
     rejoin: bool = False
+    peer_copy: bool = False
+    membership: List[Any] = field(default_factory=list)
 
 
 @dataclass

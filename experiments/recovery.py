@@ -52,6 +52,11 @@ def check_faults(cfg: DictConfig, n: int, *, under_torchrun: bool = False) -> li
     if faults and Mode(tr.mode) is not Mode.processes:
         raise ConfigError("fault injection needs trainer.mode=processes: faults kill, stall or desynchronise real "
                           "worker processes (the simulated mode hosts every worker in one process).")
+    if under_torchrun and bool(tr.rejoin):
+        raise ConfigError("trainer.rejoin=true is not available under torchrun: torchrun's elastic agent restarts the "
+                          "whole worker group on a membership change (abort and restore) and cannot add a process to "
+                          "a running group. Run without torchrun (python -m experiments.train trainer.mode=processes "
+                          "...), or set trainer.rejoin=false and let torchrun restart the group (--max-restarts).")
     if str(tr.on_failure) == "shrink" and (Mode(tr.mode) is not Mode.processes or under_torchrun):
         raise ConfigError("trainer.on_failure=shrink needs the app's own launcher (trainer.mode=processes, not under "
                           "torchrun): it restarts the surviving workers as a smaller group.")

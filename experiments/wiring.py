@@ -222,8 +222,8 @@ SETTING_KEYS: dict[str, str] = {
                                    "reduction", "on_nonfinite", "metrics", "progress", "device", "backend", "threads",
                                    "start_method", "collective_timeout_s", "master_addr", "port", "resume",
                                    "resume_changes", "max_restarts", "on_failure", "shrink_shards", "straggler_factor",
-                                   "processes", "measure_bias", "precision", "rejoin",
-                                   "batched_gradients")},
+                                   "processes", "measure_bias", "precision", "rejoin", "peer_copy",
+                                   "membership", "batched_gradients")},
     "seed": "seed", "checkpoint_every": "trainer.checkpoint.every", "checkpoint_keep": "trainer.checkpoint.keep",
     "ckpt_dir": "trainer.checkpoint.dir", "logger": "logger",
 }
@@ -291,7 +291,9 @@ class Plan:
             resume_changes=str(tr.resume_changes), max_restarts=int(tr.max_restarts), on_failure=str(tr.on_failure),
             shrink_shards=str(tr.shrink_shards), straggler_factor=float(tr.straggler_factor),
             processes=int(tr.processes), measure_bias=bool(tr.measure_bias), precision=str(tr.precision),
-            batched_gradients=bool(tr.batched_gradients), rejoin=bool(tr.rejoin), logger=dict(self.cfg["logger"]), key_names=SETTING_KEYS)
+            batched_gradients=bool(tr.batched_gradients), rejoin=bool(tr.rejoin), peer_copy=bool(tr.peer_copy),
+            membership=OmegaConf.to_container(tr.membership, resolve=True) if tr.membership else [],
+            logger=dict(self.cfg["logger"]), key_names=SETTING_KEYS)
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}

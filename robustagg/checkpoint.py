@@ -57,7 +57,8 @@ import torch
 from .errors import CheckpointError
 
 __all__ = ["FORMAT_VERSION", "KEY_ENV", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
-           "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint", "CheckpointStore"]
+           "parse_state", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
+           "CheckpointStore"]
 
 #: 2: files written by the trainer's Checkpointer carry their own identity (step, run id, workers).
 FORMAT_VERSION = 2
@@ -124,6 +125,15 @@ def load_state(path: Path) -> Any:
         raise CheckpointError(f"checkpoint file {path} is missing.") from None
     except Exception as exc:  # pickle errors, UnpicklingError from the weights-only unpickler, EOF
         raise CheckpointError(f"refusing to load {path}: {type(exc).__name__}: {str(exc)[:300]}") from None
+
+
+def parse_state(data: bytes, where: str) -> Any:
+    """Parse the bytes of a file written by :func:`save_state` (``weights_only=True``; ``where`` names it in errors).
+
+    Raises:
+        CheckpointError: the bytes do not parse, or would need code execution to rebuild.
+    """
+    return _load_bytes(data, where)
 
 
 def _load_bytes(data: bytes, where: str) -> Any:
@@ -274,6 +284,15 @@ class Checkpoint:
             CheckpointError: not listed, not a plain name, missing, a symlink, size or SHA-256
                 differ, or the content needs code execution (or is not a torch file).
         """
+        return _load_bytes(self.read_bytes(name), f"{self.path.name}/{name}")
+
+    def read_bytes(self, name: str) -> bytes:
+        """The bytes of one listed file, read once, after checking their size and SHA-256 against
+        the manifest (not parsed: what a peer keeps in memory, :mod:`robustagg.launch.peer`).
+
+        Raises:
+            CheckpointError: as :meth:`load`, except the parsing.
+        """
         self.file(name)
         info = self.manifest["files"][name]
         data = _read_regular(self.path, name)
@@ -281,7 +300,7 @@ class Checkpoint:
             raise CheckpointError(f"{self.path.name}/{name}: size {len(data)} != {_get(info, 'size')}")
         if hashlib.sha256(data).hexdigest() != info.get("sha256"):
             raise CheckpointError(f"{self.path.name}/{name}: SHA-256 mismatch")
-        return _load_bytes(data, f"{self.path.name}/{name}")
+        return data
 
 
 def _get(info: Any, key: str) -> Any:

@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
@@ -23,6 +24,8 @@ from robustagg.errors import ConfigError, QuorumLostError
 from robustagg.launch.quorum import SEAL, Membership, next_epoch
 from robustagg.training import Fault
 from robustagg.training.faults import Partition
+from robustagg.training.resume import IDENTITY
+from state_equal import assert_state_equal
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 QUIET = ["logger=none", "trainer.progress=false", "trainer.eval_every=0", "trainer.param_check_every=0",
@@ -347,3 +350,215 @@ def test_a_replacement_without_a_committed_copy_of_its_state_stays_out_and_the_r
     (refused,) = [r for r in s["lineage"] if r["event"] == "rejoin_refused"]
     assert refused["worker"] == 5 and "holds worker 5's state; it cannot rejoin" in refused["reason"]
     assert not [r for r in s["lineage"] if r["event"] == "grow"]
+
+
+# --- the reference of a healed run: the same membership changes, scheduled, without a failure ----------------
+def test_membership_schedule_parses_checks_and_names_the_members_of_each_step():
+    from robustagg.launch.schedule import Absence, members_at, parse_membership
+
+    sched = parse_membership([{"workers": [5, 4, 5], "absent": [3, 7]}, {"workers": [0], "absent": [5, 0]}], n=6)
+    assert sched == (Absence((4, 5), 3, 7), Absence((0,), 5, 0))
+    assert [members_at(sched, SIX, k) for k in (2, 3, 6, 7, 100)] == [SIX, (0, 1, 2, 3), (1, 2, 3), (1, 2, 3, 4, 5),
+                                                                       (1, 2, 3, 4, 5)]
+    with pytest.raises(ConfigError, match=r"trainer.membership\[0\].absent = \[3, 3\]: .* a >= 1 and b > a"):
+        parse_membership([{"workers": [1], "absent": [3, 3]}], n=6)
+    with pytest.raises(ConfigError, match=r"trainer.membership\[0\].workers must name worker ids in 0..5; got \[6\]"):
+        parse_membership([{"workers": [6], "absent": [1, 2]}], n=6)
+    with pytest.raises(ConfigError, match=r"trainer.membership\[0\] must be \{workers"):
+        parse_membership([{"workers": [1], "steps": [1, 2]}], n=6)
+    with pytest.raises(ConfigError, match=r"every worker is absent at step 2"):
+        parse_membership([{"workers": [0, 1], "absent": [2, 4]}], n=2)
+    with pytest.raises(ConfigError, match=r"trainer.membership replays membership changes in simulated mode only"):
+        train(_cfg("threat.n=3", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=2",
+                   "trainer.mode=processes", "trainer.membership=[{workers: [2], absent: [1, 2]}]"), quiet=True)
+
+
+def _final_state(run: Path) -> dict:
+    """The last committed checkpoint of ``run``: replicated state and every worker's own state, by worker id."""
+    from robustagg.checkpoint import CheckpointStore
+
+    ck, _ = CheckpointStore(run / "checkpoints").latest()
+    assert ck is not None
+    rep = {k: v for k, v in ck.load("replicated.pt").items() if k not in ("comm_seq", IDENTITY)}
+    workers = {}
+    for name in ck.manifest["hosts"]:
+        workers.update({int(w): p for w, p in ck.load(name)["workers"].items()})
+    return {"step": ck.step, "replicated": rep, "workers": workers, "identities": ck.manifest["identities"]}
+
+
+REFERENCE_RUN = ("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=10",
+                 "trainer.checkpoint.every=2", "trainer.worker_momentum=0.5")
+
+
+def test_a_scheduled_absence_shrinks_and_grows_the_simulated_group(tmp_path):
+    s = train(_cfg(*REFERENCE_RUN, "trainer.mode=simulated", "trainer.membership=[{workers: [5], absent: [3, 7]}]"),
+              out_dir=tmp_path / "ref", quiet=True)
+    assert (s["n"], s["workers"], s["steps"]) == (6, list(SIX), 10)
+    changes = [(r["event"], r["step"], r.get("lost_workers", r.get("joined"))) for r in s["lineage"]
+               if r["event"] in ("shrink", "grow")]
+    assert changes == [("shrink", 2, [5]), ("grow", 6, [5])]
+    final = _final_state(tmp_path / "ref")
+    # worker 5 computed steps 1-2 and 7-10: six batches drawn; the others ten
+    assert final["workers"][5]["sampler"] != final["workers"][4]["sampler"]
+
+
+def test_a_healed_run_is_bit_equal_to_its_reference_membership_schedule(tmp_path):
+    # real processes: worker 5 SIGKILLed in step 4, the five restore the commit of step 2 and go on,
+    # the replacement is admitted after step 6 (join_step) with its own state of that commit
+    real = train(_cfg(*REFERENCE_RUN, "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=4",
+                      "faults.rejoin.seconds=0.2", "faults.rejoin.join_step=6", "trainer.on_failure=shrink",
+                      "trainer.rejoin=true", "trainer.max_restarts=1"), out_dir=tmp_path / "real", quiet=True)
+    ref = train(_cfg(*REFERENCE_RUN, "trainer.mode=simulated", "trainer.membership=[{workers: [5], absent: [3, 7]}]"),
+                out_dir=tmp_path / "ref", quiet=True)
+    assert real["workers"] == ref["workers"] == list(SIX) and real["restarts"] == 1
+    grow = next(r for r in real["lineage"] if r["event"] == "grow")
+    assert grow["step"] == 6 and grow["own_state_from"] == {"5": "step-00000002"}
+    a, b = _final_state(tmp_path / "real"), _final_state(tmp_path / "ref")
+    assert a["step"] == b["step"] == 10 and a["identities"] == b["identities"] == list(SIX)
+    assert_state_equal(a["replicated"], b["replicated"], "replicated")  # parameters, optimizer, scheduler, rule
+    assert_state_equal(a["workers"], b["workers"], "workers")  # data positions, momentum, RNG streams
+    assert (tmp_path / "real" / "model.safetensors").read_bytes() == (tmp_path / "ref" / "model.safetensors").read_bytes()
+    # and the schedule is not a no-op: without it the simulated run ends elsewhere
+    plain = train(_cfg(*REFERENCE_RUN, "trainer.mode=simulated"), out_dir=tmp_path / "plain", quiet=True)
+    assert plain["workers"] == list(SIX)
+    flat = [torch.cat([v.flatten().double() for v in st["replicated"]["model"].values()])
+            for st in (_final_state(tmp_path / "plain"), b)]
+    assert not torch.equal(*flat)
+
+
+# --- the in-memory peer copy of a lost worker's own state (trainer.peer_copy) --------------------------------
+PEER_RUN = (*REFERENCE_RUN, "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=5", "faults.rejoin.seconds=0.2",
+            "faults.rejoin.join_step=7", "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.peer_copy=true",
+            "trainer.max_restarts=1")
+#: worker 5 computed steps 1-4 (the commit of step 4 is its last), absent in 5-7, back from step 8
+PEER_REFERENCE = ("trainer.mode=simulated", "trainer.membership=[{workers: [5], absent: [5, 8]}]")
+
+
+def test_holder_of_is_the_nearest_member_before_in_the_ring():
+    from robustagg.launch.peer import holder_of
+
+    assert [holder_of(w, SIX, SIX) for w in SIX] == [5, 0, 1, 2, 3, 4]  # worker i holds worker i+1's
+    assert holder_of(5, (0, 1, 2, 3, 4), SIX) == 4 and holder_of(0, (2, 3), SIX) == 3
+    assert holder_of(4, (0, 1, 2), SIX) == holder_of(5, (0, 1, 2), SIX) == 2
+
+
+def test_a_replacement_whose_disk_copy_was_pruned_takes_the_peer_memory_copy(tmp_path):
+    # keep=1: when the joiner is admitted (after step 7) the only commit is the five's of step 6;
+    # worker 5's own state of step 4 survives in worker 4's memory, its digest in step 6's manifest
+    real = train(_cfg(*PEER_RUN, "trainer.checkpoint.keep=1"), out_dir=tmp_path / "real", quiet=True)
+    grow = next(r for r in real["lineage"] if r["event"] == "grow")
+    assert grow["sources"] == {"replicated": "peer 0", "own": {"5": "peer-memory 4"}}
+    assert grow["own_state_from"] == {"5": "step-00000004"} and grow["step"] == 7
+    assert not [r for r in real["lineage"] if r["event"] == "peer_copy_refused"]
+    # the state it took is the right one: the run equals its reference schedule bit for bit
+    train(_cfg(*REFERENCE_RUN, *PEER_REFERENCE), out_dir=tmp_path / "ref", quiet=True)
+    a, b = _final_state(tmp_path / "real"), _final_state(tmp_path / "ref")
+    assert_state_equal(a["replicated"], b["replicated"], "replicated")
+    assert_state_equal(a["workers"], b["workers"], "workers")
+
+
+class Spoil:
+    """Test callback: after step 6 of the five, corrupt worker 5's file of the commit of step 4 on disk
+    (its newest disk copy becomes the older one of step 2) and, with ``tamper``, one byte of the copy in
+    worker 4's memory."""
+
+    def __init__(self, ckpt: str, tamper: bool) -> None:
+        self.ckpt, self.tamper = Path(ckpt), bool(tamper)
+
+    def __call__(self, trainer, out) -> None:
+        if trainer.step_id != 6 or trainer.comm.world_size != 5:
+            return
+        ids = set(trainer.identities.values())
+        if 0 in ids:
+            f = self.ckpt / "step-00000004" / "rank-5.pt"
+            data = bytearray(f.read_bytes())
+            data[-10] ^= 0xFF
+            f.write_bytes(bytes(data))
+        if 4 in ids and self.tamper:
+            from robustagg.launch.peer import held
+
+            part = held().parts[5]
+            bad = bytearray(part.payload)
+            bad[len(bad) // 2] ^= 0x01
+            part.payload = bytes(bad)
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_an_older_disk_copy_loses_to_the_peer_memory_copy_unless_that_was_tampered_with(tmp_path, tamper):
+    log = tmp_path / "digests.jsonl"
+    ckpt = tmp_path / "real" / "checkpoints"
+    cbs = (f"trainer.callbacks=[{{_target_: test_membership.DigestLog, path: '{log}'}}, "
+           f"{{_target_: test_membership.Spoil, ckpt: '{ckpt}', tamper: {str(tamper).lower()}}}]")
+    real = train(_cfg(*PEER_RUN, "trainer.checkpoint.keep=3", cbs), out_dir=tmp_path / "real", quiet=True)
+    assert real["workers"] == list(SIX) and real["steps"] == 10
+    grow = next(r for r in real["lineage"] if r["event"] == "grow")
+    refused = [r for r in real["lineage"] if r["event"] == "peer_copy_refused"]
+    evidence = tmp_path / "real" / "evidence" / "rejoin-5.json"
+    if not tamper:
+        assert grow["sources"]["own"] == {"5": "peer-memory 4"} and grow["own_state_from"] == {"5": "step-00000004"}
+        assert not refused and not evidence.exists()
+        train(_cfg(*REFERENCE_RUN, *PEER_REFERENCE), out_dir=tmp_path / "ref", quiet=True)
+        assert_state_equal(_final_state(tmp_path / "real")["workers"], _final_state(tmp_path / "ref")["workers"])
+    else:
+        assert grow["sources"]["own"] == {"5": "disk"} and grow["own_state_from"] == {"5": "step-00000002"}
+        (rec,) = refused
+        assert rec["worker"] == 5 and rec["used"] == "disk"
+        assert rec["reason"].startswith("worker 5 refused the in-memory copy of its own state held by worker 4 "
+                                        "(step-00000004/rank-5.pt)")
+        ev = json.loads(evidence.read_text())
+        assert ev["kind"] == "peer_copy_refused" and ev["committed"]["checkpoint"] == "step-00000004"
+        assert ev["received"]["size"] == ev["committed"]["size"]
+        assert ev["received"]["sha256"] != ev["committed"]["sha256"]  # one flipped bit, caught by the digest
+    # the five's commits carry the committed record of worker 5's part; the six's do not
+    ms = _manifests(tmp_path / "real")
+    assert ms[6]["identities"] == [0, 1, 2, 3, 4] and ms[6]["absent_parts"]["5"]["checkpoint"] == "step-00000004"
+    assert "absent_parts" not in ms[8] and ms[8]["identities"] == list(SIX)
+    # every rank, the joiner included, ends with the same parameters and optimizer state
+    final = [json.loads(x) for x in log.read_text().splitlines() if json.loads(x)["step"] == 10]
+    assert len(final) == 6 and len({(r["params"], r["optim"]) for r in final}) == 1
+
+
+# --- torchrun: its elastic agent restarts the whole group, so rejoin (and shrink) stay with the app's launcher --
+def test_rejoin_is_refused_under_torchrun_naming_the_key_and_the_fix(tmp_path, monkeypatch):
+    from experiments.recovery import check_faults
+    from experiments.wiring import validate
+    from robustagg.launch import launch
+
+    cfg = _cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=4",
+               "trainer.on_failure=shrink", "trainer.rejoin=true")
+    with pytest.raises(ConfigError, match=r"trainer.rejoin=true is not available under torchrun: .* restarts the whole "
+                                          r"worker group .*set trainer.rejoin=false"):
+        check_faults(cfg, 6, under_torchrun=True)
+    job = validate(cfg).job()
+    monkeypatch.setenv("RANK", "0")  # what torchrun sets: the library refuses before forming any group
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    with pytest.raises(ConfigError, match=r"trainer.rejoin=true is not available under torchrun.*Run the app's own "
+                                          r"launcher instead"):
+        launch(job)
+    job.settings.rejoin = False
+    with pytest.raises(ConfigError, match=r"trainer.on_failure=shrink is not available under torchrun.*set "
+                                          r"trainer.on_failure=restart"):
+        launch(job)
+
+
+def test_two_replacements_rejoin_at_two_boundaries_and_the_run_equals_its_reference(tmp_path):
+    # workers 4 and 5 killed in step 4; the four restore step 2; 5 is admitted after step 6, 4 after step 8
+    real = train(_cfg(*REFERENCE_RUN, "faults=[rejoin]", "faults.rejoin.rank=5", "faults.rejoin.step=4",
+                      "faults.rejoin.seconds=0.2", "faults.rejoin.join_step=6",
+                      "+faults.back4={kind: rejoin, rank: 4, step: 4, seconds: 0.2, join_step: 8}",
+                      "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.max_restarts=1"),
+                 out_dir=tmp_path / "real", quiet=True)
+    assert real["workers"] == list(SIX) and real["restarts"] == 1
+    shrink = next(r for r in real["lineage"] if r["event"] == "shrink")
+    grows = [r for r in real["lineage"] if r["event"] == "grow"]
+    assert shrink["lost_workers"] == [4, 5] and shrink["step"] == 2
+    assert [(g["step"], g["joined"], g["old_n"], g["new_n"], g["epoch"]) for g in grows] == [
+        (6, [5], 4, 5, [1, 2]), (8, [4], 5, 6, [2, 3])]
+    ref = train(_cfg(*REFERENCE_RUN, "trainer.mode=simulated",
+                     "trainer.membership=[{workers: [5], absent: [3, 7]}, {workers: [4], absent: [3, 9]}]"),
+                out_dir=tmp_path / "ref", quiet=True)
+    assert [(r["event"], r["step"]) for r in ref["lineage"] if r["event"] in ("shrink", "grow")] == [
+        ("shrink", 2), ("grow", 6), ("grow", 8)]
+    a, b = _final_state(tmp_path / "real"), _final_state(tmp_path / "ref")
+    assert_state_equal(a["replicated"], b["replicated"], "replicated")
+    assert_state_equal(a["workers"], b["workers"], "workers")

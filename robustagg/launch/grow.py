@@ -5,8 +5,11 @@ attempt, one replacement process per lost worker id (:func:`run_joiner`). The pr
 
 1. the joiner (after ``seconds`` of a ``rejoin`` fault, else at once) writes ``join/<e>/<w>`` in
    the membership store and waits;
-2. after every step the survivors vote on "every joiner asked" (rank 0 reads the store; one
-   control-plane vote, so all of them see the same answer after the same step ``B``);
+2. after every step the survivors vote on "every joiner of the next group asked" (rank 0 reads
+   the store; one control-plane vote, so all of them see the same answer after the same step
+   ``B``); joiners with the same ``join_step`` form one group, groups are admitted in
+   ``join_step`` order (:func:`next_group`), each by a grow of its own, and a joiner admitted
+   later asks again under each epoch an earlier grow installed (:func:`join_when_admitted`);
 3. at ``B`` every survivor keeps its trainer state in memory, rank 0 installs epoch ``e + 1`` =
    members ∪ joiners (decided by every member of epoch ``e``, sealed first, compare-and-set),
    and every process of epoch ``e + 1`` leaves its process group and forms a new one of the new
@@ -17,12 +20,17 @@ attempt, one replacement process per lost worker id (:func:`run_joiner`). The pr
    (parameters, optimizer, scheduler, rule and protocol state, ...) with a manifest of its
    SHA-256; the joiner checks the digest of the bytes it received against that manifest, loads
    them, and takes its own data position, momentum and RNG streams from the newest committed
-   checkpoint that holds its worker id (digest-checked by :meth:`~robustagg.checkpoint.Checkpoint.load`);
+   checkpoint that holds its worker id (digest-checked by :meth:`~robustagg.checkpoint.Checkpoint.load`),
+   or with ``trainer.peer_copy`` from the in-memory copy of the survivor that holds it in the
+   ring when that is newer or the disk copy is missing (:func:`share_peer_copies`,
+   :mod:`~robustagg.launch.peer`); every rank learns where each joiner's state came from
+   (:func:`gather_reports`) and all stop together when a joiner has none;
 5. before anyone trains, every rank compares parameter and optimizer-state digests
    (:meth:`~robustagg.training.Trainer.check_parameters`); the lineage gets a ``grow`` record.
 
 What is not claimed: the trajectory is not the one of an uninterrupted run (availability does not
-preserve it); the joiner's own data stream resumes at its last committed position; a joiner that
+preserve it; with a deterministic grow step it is the one of the reference schedule,
+:mod:`~robustagg.launch.schedule`); the joiner's own data stream resumes at its last committed position; a joiner that
 arrives after the last step finds the run over (``done/<e>``) and exits.
 """
 
@@ -44,7 +52,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..training import Trainer
 
 __all__ = ["Regroup", "GrowWatch", "ask_to_join", "wait_for_grow", "install_grow", "wait_for_epoch", "form_group",
-           "send_state", "receive_state", "own_state_from_disk", "mark_done"]
+           "send_state", "receive_state", "own_state_from_disk", "mark_done", "share_peer_copies", "gather_reports",
+           "join_when_admitted", "next_group"]
 
 
 class Regroup(Exception):
@@ -139,6 +148,49 @@ def wait_for_grow(ms: Membership, epoch: int, worker: int, *, timeout_s: float, 
             return None
         time.sleep(poll_s)
     raise QuorumLostError(f"worker {worker} asked to join epoch {epoch} and was not admitted within {timeout_s:g} s.")
+
+
+def join_when_admitted(ms: Membership, epoch: int, worker: int, *, timeout_s: float
+                       ) -> Optional[tuple[int, tuple[int, ...]]]:
+    """The joiner: ask to join ``epoch``; while grows admit other joiners first, ask again under each new epoch.
+
+    Several replacements of one attempt may be admitted at different boundaries (their ``join_step``):
+    an epoch installed without this worker that keeps every member of the one it asked under is
+    an earlier grow, so it asks again under that epoch.
+
+    Returns:
+        ``(e, members of e + 1)``: the epoch it was admitted from and the members that admitted it;
+        ``None`` when the run ended first.
+
+    Raises:
+        QuorumLostError: a newer epoch dropped members (not a grow), or nothing happened within
+            ``timeout_s`` (in all).
+    """
+    e = int(epoch)
+    deadline = time.monotonic() + float(timeout_s)
+    while True:
+        ask_to_join(ms, e, worker)
+        try:
+            members = wait_for_grow(ms, e, worker, timeout_s=max(0.1, deadline - time.monotonic()))
+        except QuorumLostError:
+            if not ms._has(ms._k("epoch", e + 1)) or not set(ms.members(e)) <= set(ms.members(e + 1)):
+                raise
+            e += 1  # another grow came first: ask the grown group
+            continue
+        return None if members is None else (e, members)
+
+
+def next_group(joiners: Sequence[dict[str, Any]], pending: Sequence[int]) -> tuple[list[int], int]:
+    """The pending joiners admitted at the next grow and its ``at_step``: those with the smallest
+    ``at_step`` (0, "whenever ready", first).
+
+    Example:
+        >>> next_group([{"worker": 4, "at_step": 8}, {"worker": 5, "at_step": 6}], [4, 5])
+        ([5], 6)
+    """
+    at = {int(j["worker"]): int(j.get("at_step", 0)) for j in joiners}
+    first = min(at.get(int(w), 0) for w in pending)
+    return sorted(int(w) for w in pending if at.get(int(w), 0) == first), first
 
 
 def install_grow(ms: Membership, epoch: int, joiners: Sequence[int]) -> tuple[int, ...]:
@@ -252,3 +304,41 @@ def own_state_from_disk(store: CheckpointStore, worker: int) -> tuple[dict[str, 
                 local["workers"] = {int(worker): part["workers"][int(worker)]}
                 return local, path.name
     raise CheckpointError(f"no committed checkpoint in {store.root} holds worker {worker}'s state; it cannot rejoin.")
+
+
+def share_peer_copies(memory: Any, joiners: Sequence[int], holders: Sequence[int], members: Sequence[int],
+                      ring: Sequence[int]) -> dict[int, Optional[dict[str, Any]]]:
+    """Every rank of the new group (``trainer.peer_copy``): each joiner's holder broadcasts its in-memory copy.
+
+    Args:
+        memory: this process's :class:`~robustagg.launch.peer.PeerMemory` (``None`` on a joiner).
+        joiners: the joiners' worker ids.
+        holders: the worker ids of the group that restored and took the copies (the attempt's).
+        members: the new epoch's worker ids (process ranks in their sorted order).
+        ring: the original worker ids (who holds whom, :func:`~robustagg.launch.peer.holder_of`).
+
+    Returns:
+        ``{joiner: the holder's message or None}`` on every rank, one broadcast per joiner.
+    """
+    import torch.distributed as dist
+
+    from .peer import holder_of
+
+    order = sorted(int(w) for w in members)
+    out: dict[int, Optional[dict[str, Any]]] = {}
+    for w in sorted(int(j) for j in joiners):
+        src = order.index(holder_of(w, holders, ring))
+        box: list[Any] = [memory.message(w) if memory is not None and dist.get_rank() == src else None]
+        dist.broadcast_object_list(box, src=src)
+        out[w] = box[0]
+    return out
+
+
+def gather_reports(mine: Optional[dict[str, Any]]) -> list[Optional[dict[str, Any]]]:
+    """Every rank of the new group: each joiner's report of where its own state came from
+    (``{"worker", "source", "checkpoint", "refused"}``; survivors pass ``None``)."""
+    import torch.distributed as dist
+
+    box: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(box, mine)
+    return list(box)

@@ -32,7 +32,8 @@ EXCLUDED: tuple[str, ...] = (
     "trainer.steps", "trainer.resume", "trainer.resume_changes", "trainer.max_restarts", "trainer.progress",
     "trainer.port", "trainer.master_addr", "trainer.checkpoint", "trainer.on_failure", "trainer.shrink_shards",
     "trainer.collective_timeout_s", "trainer.straggler_factor", "trainer.eval_every", "trainer.param_check_every",
-    "trainer.metrics", "trainer.measure_bias", "trainer.start_method", "trainer.rejoin", "out_dir", "run_name", "faults", "logger",
+    "trainer.metrics", "trainer.measure_bias", "trainer.start_method", "trainer.rejoin",
+    "trainer.peer_copy", "out_dir", "run_name", "faults", "logger",
     "data.root", "data.download",
 )
 
@@ -102,6 +103,7 @@ INTRODUCED: dict[str, Any] = {
     "trainer.processes": 0,                             # one process per worker
     "trainer.precision": "32",                          # float32 forward passes
     "trainer.batched_gradients": False,                 # the per-worker gradient loop
+    "trainer.membership": [],                           # no scheduled absences (issue 17's reference runs)
 }
 
 

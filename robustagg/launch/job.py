@@ -76,6 +76,14 @@ class RunSettings:
         rejoin: with ``on_failure="shrink"``: after a shrink the launcher starts a replacement for
             every lost worker id, which joins the running group at a step boundary with the state
             of a live peer (:mod:`~robustagg.launch.grow`).
+        peer_copy: with ``rejoin``: every survivor keeps in memory the last committed own state
+            (data position, RNG streams, momentum, per-worker protocol state) of the absent
+            workers it holds in the ring; a replacement takes it when its disk copy is older or
+            missing, after checking its SHA-256 against the committed manifests
+            (:mod:`~robustagg.launch.peer`).
+        membership: simulated mode: a schedule of absences ``[{"workers": [ids], "absent": [a, b]}]``
+            (workers absent in the 1-based steps ``a .. b-1``), the reference of a run that shrank
+            and grew (:mod:`~robustagg.launch.schedule`).
         logger: ``{"name": "wandb"|"none", "project", "entity", "mode", "group", "tags"}``.
         key_names: ``{attribute: the key a user types}`` for messages (an app's configuration
             names, e.g. ``{"resume_changes": "trainer.resume_changes"}``; default: the attribute).
@@ -113,6 +121,8 @@ class RunSettings:
     precision: str = "32"
     batched_gradients: bool = False
     rejoin: bool = False
+    peer_copy: bool = False
+    membership: list[Any] = field(default_factory=list)
     logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     key_names: dict[str, str] = field(default_factory=dict)
 
@@ -144,6 +154,18 @@ class RunSettings:
         if self.rejoin and self.on_failure != "shrink":
             raise ConfigError(f"{self.key('rejoin')}=true needs {self.key('on_failure')}=shrink (a lost worker first "
                               f"leaves the group, then its replacement joins it); got on_failure={self.on_failure}.")
+        if self.peer_copy and not self.rejoin:
+            raise ConfigError(f"{self.key('peer_copy')}=true keeps the lost workers' own state for their replacements: "
+                              f"it needs {self.key('rejoin')}=true (and {self.key('on_failure')}=shrink).")
+        if self.membership:
+            if self.mode != "simulated":
+                raise ConfigError(f"{self.key('membership')} replays membership changes in simulated mode only (the "
+                                  f"reference of a run that shrank and grew); set {self.key('mode')}=simulated, or let "
+                                  f"a processes run change its membership through faults with "
+                                  f"{self.key('on_failure')}=shrink and {self.key('rejoin')}=true.")
+            from .schedule import parse_membership
+
+            parse_membership(self.membership, key=self.key("membership"))
         if self.resume == "":
             raise ConfigError(f"{self.key('resume')} must be auto, never or a checkpoint folder; got an empty string.")
         from ..training.precision import parse_precision

@@ -42,7 +42,7 @@ from ..errors import ConfigError, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import read_evidence
 from .identity import check_resume
-from .job import Job, shrink_job
+from .job import Job, RunSettings, shrink_job
 from .lock import RunLock
 from .quorum import Membership, next_epoch
 from .records import Attempt, last_step_reached, record_failure
@@ -358,6 +358,31 @@ def _agree_on_run(job: Job, env: EnvRank) -> None:
     job.run_dir, job.settings.ckpt_dir, job.run_id = box[0]
 
 
+def refuse_under_torchrun(s: RunSettings) -> None:
+    """Refuse the membership changes torchrun cannot make (before any process group is formed).
+
+    torchrun's elastic agent (``--nnodes=MIN:MAX``, c10d rendezvous) reacts to a lost worker by
+    stopping and restarting the **whole** worker group (a new rendezvous round, ranks reassigned
+    0..W'-1, a node's processes lost together): abort and restore, never a process added to a
+    running group, and no record of which worker ids a new rank stands for.
+
+    Raises:
+        ConfigError: ``rejoin`` (a replacement joining the running group) or ``on_failure=shrink``
+            (the survivors as a smaller group with their worker ids) under torchrun; the message
+            names the key and the fix.
+    """
+    if s.rejoin:
+        raise ConfigError(f"{s.key('rejoin')}=true is not available under torchrun: torchrun's elastic agent restarts "
+                          "the whole worker group on a membership change (abort and restore) and cannot add a process "
+                          "to a running group. Run the app's own launcher instead (python -m experiments.train "
+                          f"trainer.mode=processes ..., without torchrun), or set {s.key('rejoin')}=false and let "
+                          "torchrun restart the group from the last committed checkpoint (--max-restarts).")
+    if s.on_failure == "shrink":
+        raise ConfigError(f"{s.key('on_failure')}=shrink is not available under torchrun: torchrun restarts the group "
+                          "with ranks reassigned and no record of which worker ids survived. Run the app's own launcher "
+                          f"(without torchrun), or set {s.key('on_failure')}=restart.")
+
+
 def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], None]] = None,
                  quiet: bool = False) -> Optional[dict[str, Any]]:
     """Join the group torchrun set up through the environment; rank 0 returns the summary.
@@ -370,6 +395,7 @@ def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], N
     records the previous attempt's evidence).
     """
     s = job.settings
+    refuse_under_torchrun(s)
     torch.set_num_threads(int(s.threads))
     raise_on_sigterm()  # torchrun stops survivors with SIGTERM: let them write their evidence
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)

@@ -13,23 +13,25 @@ import logging
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
 from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl
-from ..distributed import Communicator, ProcessGroupComm, ShardedReduction, make_reduction
+from ..distributed import Communicator, LocalComm, ProcessGroupComm, ShardedReduction, make_reduction
 from ..errors import AssumptionWarning, CheckpointError, ConfigError, Interrupted, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
                         save_model, seed_everything, write_evidence, write_json)
 from ..training.faults import PartitionedError, fired_faults
 from ..training.resume import FAULT_LOG
-from .grow import (GrowWatch, Regroup, ask_to_join, form_group, install_grow, mark_done, own_state_from_disk,
-                   receive_state, send_state, wait_for_epoch, wait_for_grow)
-from .job import Job, WorkerContext, grow_job
+from .grow import (GrowWatch, Regroup, form_group, gather_reports, install_grow, join_when_admitted, mark_done,
+                   next_group, own_state_from_disk, receive_state, send_state, share_peer_copies, wait_for_epoch)
+from .job import Job, WorkerContext, grow_job, shrink_job
+from .peer import PeerMemory, absent_records, choose_own_state, committed_record
 from .quorum import Membership, fmt_members
 from .records import Attempt, detected_faults, settle_metrics, summary_from_records
+from .schedule import MembershipWatch, members_at, parse_membership
 
 __all__ = ["run_worker", "run_joiner", "device_for"]
 
@@ -111,7 +113,8 @@ def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: A
 
 
 def _checkpointer(job: Job, attempt: Attempt, store: Optional[CheckpointStore], injector: Optional[FaultInjector],
-                  membership: Optional[tuple[Membership, int]], parent: Optional[str]) -> Optional[Checkpointer]:
+                  membership: Optional[tuple[Membership, int]], parent: Optional[str],
+                  absent: Optional[dict[str, Any]] = None) -> Optional[Checkpointer]:
     s = job.settings
     if store is None or int(s.checkpoint_every) <= 0:
         return None
@@ -124,6 +127,9 @@ def _checkpointer(job: Job, attempt: Attempt, store: Optional[CheckpointStore], 
         epoch = int(membership[1])
         meta["membership_epoch"] = epoch
         guard = (lambda step, ms=membership[0], e=epoch: ms.claim_commit(e, step))
+    absent = {w: r for w, r in (absent or {}).items() if int(w) not in job.identities}
+    if absent:  # trainer.peer_copy: the committed record of every absent worker's own state travels on
+        meta["absent_parts"] = absent
     return Checkpointer(store, every=int(s.checkpoint_every), meta=meta, injector=injector, parent=parent, guard=guard)
 
 
@@ -189,11 +195,24 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                 log.warning("resumed from step %d (checkpoint %s, verified), replaying %d step(s)",
                             restored.step, restored.checkpoint, replay)
         parent = restored.checkpoint
-        pending = [int(j["worker"]) for j in attempt.joiners] if joiner is None else []
+        pending = [int(j["worker"]) for j in attempt.joiners if int(j["worker"]) not in job.identities]
+        memory, absent = _seed_peer_memory(job, store, restored, ids) if joiner is None else (None, {})
+        schedule = parse_membership(s.membership, key=s.key("membership"), n=job.n) if s.membership else ()
+        if schedule and restored.step > 0:
+            raise ConfigError(f"a run with {s.key('membership')} starts from step 0: resuming it from step "
+                              f"{restored.step} would lose the absent workers' frozen state; set "
+                              f"{s.key('resume')}=never or use a fresh run directory.")
+        base, base_byz = tuple(job.identities), tuple(job.byzantine_ids)
+        absent_parts: dict[int, Any] = {}  # a scheduled absence: the absent workers' frozen own state
         t0 = time.perf_counter()
         while True:
+            if schedule and trainer.step_id < int(s.steps):
+                want = members_at(schedule, base, trainer.step_id + 1)
+                if want != tuple(sorted(job.identities)):
+                    job, comm, parts, trainer, injector = _regroup_scheduled(
+                        job, attempt, trainer, device, store, want, base_byz, absent_parts)
             main = comm.is_main
-            checkpointer = _checkpointer(job, attempt, store, injector, membership, parent)
+            checkpointer = _checkpointer(job, attempt, store, injector, membership, parent, absent)
             if checkpointer is not None and restored.checkpoint is not None and restored.step == trainer.step_id:
                 checkpointer.last_saved = restored.step
             stragglers = StragglerLog(factor=float(s.straggler_factor)) if main else None
@@ -204,10 +223,13 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
 
                     wandb_sink = WandbSink(s.logger, job.config, str(out), name=job.name or out.name)
                     sinks.append(wandb_sink)
-            watch = []
-            if pending and membership is not None:
-                at = max([int(j.get("at_step", 0)) for j in attempt.joiners], default=0)
-                watch = [GrowWatch(membership[0], membership[1], pending, last_step=int(s.steps), at_step=at,
+            watch: list[Any] = []
+            if schedule:
+                watch = [MembershipWatch(schedule, base, last_step=int(s.steps))]
+            group: list[int] = []
+            if pending and membership is not None:  # one grow per group of joiners with the same join_step
+                group, at = next_group(attempt.joiners, pending)
+                watch = [GrowWatch(membership[0], membership[1], group, last_step=int(s.steps), at_step=at,
                                    wait_s=max(120.0, 4 * float(s.collective_timeout_s)))]
             try:
                 result = fit(trainer, steps=max(0, int(s.steps) - trainer.step_id),
@@ -217,19 +239,22 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                              checkpointer=checkpointer, stragglers=stragglers, on_detect=detect)
                 break
             except Regroup as at:
-                assert membership is not None
                 if main:
                     for sink in sinks:
                         sink.close()
                     sinks.clear()
                 parent = checkpointer.parent if checkpointer is not None else parent
+                if schedule:
+                    continue  # the loop's head rebuilds the group for the next step's members
+                assert membership is not None
                 job, comm, parts, trainer, injector, membership, grown = _grow_survivor(
-                    job, attempt, trainer, device, store, membership, pending, at.step)
-                pending = []
+                    job, attempt, trainer, device, store, membership, group, at.step, memory)
+                pending = [w for w in pending if w not in group]
                 restored = Restored(step=trainer.step_id, checkpoint=None)
         main = comm.is_main
         if membership is not None and main:
-            mark_done(membership[0], int((attempt.membership or {}).get("epoch", membership[1])))
+            for e in range(int((attempt.membership or {}).get("epoch", membership[1])), membership[1] + 1):
+                mark_done(membership[0], e)  # a joiner still waiting under any of them may exit
         if not main:
             return None
         summary = result.to_dict()
@@ -278,6 +303,44 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
             sink.close()
 
 
+def _regroup_scheduled(job: Job, attempt: Attempt, trainer: Trainer, device: torch.device,
+                       store: Optional[CheckpointStore], want: tuple[int, ...], byzantine: Sequence[int],
+                       absent_parts: dict[int, Any]) -> tuple[Any, ...]:
+    """Simulated mode, a ``trainer.membership`` boundary: the group of the next step's members ``want``.
+
+    The job is recomputed as after a failure (:func:`shrink_job` for the leavers, :func:`grow_job`
+    for the workers back: normalisation, effective batch, the rule's requirement); the replicated
+    state carries over; a leaver's own state (data position, momentum, RNG streams, protocol
+    state) is set aside in ``absent_parts`` unchanged and given back when it returns (see
+    :mod:`~robustagg.launch.schedule`). One ``shrink`` / ``grow`` lineage record per change.
+    """
+    step = trainer.step_id
+    state = trainer.state_dict()
+    own = {**absent_parts, **{int(w): p for w, p in state["local"]["workers"].items()}}
+    gone = [w for w in job.identities if w not in want]
+    back = [w for w in want if w not in job.identities]
+    records: list[dict[str, Any]] = []
+    if gone:
+        job, rec = shrink_job(job, gone, reason=f"trainer.membership: worker(s) {gone} absent from step {step + 1}")
+        records.append(rec)
+    if back:
+        job, rec = grow_job(job, back, byzantine=[w for w in back if w in byzantine],
+                            reason=f"trainer.membership: worker(s) {back} back at step {step + 1}")
+        records.append(rec)
+    comm = LocalComm(job.n, device=device)
+    parts, new_trainer, injector = _make_trainer(job, comm, device, attempt, store)
+    new_trainer.load_state_dict({"replicated": state["replicated"],
+                                 "local": {**state["local"], "workers": {w: own[w] for w in want}}})
+    absent_parts.clear()
+    absent_parts.update({w: p for w, p in own.items() if w not in want})
+    if store is not None:
+        for rec in records:
+            store.append_lineage({**rec, "step": step, "decided_by": "the trainer.membership schedule",
+                                  "source": "in-process", "state_from": "in-process: the schedule's own state, "
+                                  "an absent worker's frozen since it left"})
+    return job, comm, parts, new_trainer, injector
+
+
 def _new_group(job: Job, ms: Membership, epoch: int, members: tuple[int, ...], me: int, device: torch.device
                ) -> ProcessGroupComm:
     s = job.settings
@@ -286,8 +349,26 @@ def _new_group(job: Job, ms: Membership, epoch: int, members: tuple[int, ...], m
     return ProcessGroupComm(device=device, timeout_s=timeout, group_id=f"{job.run_id}/epoch-{epoch}")
 
 
+def _seed_peer_memory(job: Job, store: Optional[CheckpointStore], restored: Restored, ids: dict[int, int]
+                      ) -> tuple[Optional[PeerMemory], dict[str, Any]]:
+    """``trainer.peer_copy`` on a survivor: copy the absent workers' own state it holds (ring) from the
+    restored commit into memory; the ``absent_parts`` records its commits carry (:mod:`~robustagg.launch.peer`)."""
+    if not (job.settings.peer_copy and store is not None and restored.checkpoint is not None):
+        return None, {}
+    ring, members = tuple(range(job.n_initial)), tuple(job.identities)
+    memory = PeerMemory(min(ids.values()))
+    try:
+        for problem in memory.seed(store, restored.checkpoint, members, ring):
+            log.warning("peer copy: %s", problem)
+        return memory, absent_records(store, restored.checkpoint, members, ring)
+    except CheckpointError as exc:  # restored from a folder outside the store (an explicit path): no copy
+        log.warning("peer copy: not taken (%s); a replacement uses its disk copy", exc)
+        return None, {}
+
+
 def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.device, store: Optional[CheckpointStore],
-                   membership: tuple[Membership, int], joiners: list[int], step: int) -> tuple[Any, ...]:
+                   membership: tuple[Membership, int], joiners: list[int], step: int,
+                   memory: Optional[PeerMemory] = None) -> tuple[Any, ...]:
     """A survivor at the agreed boundary: new epoch, new group, rebuilt trainer, state sent to the joiners."""
     ms, epoch = membership
     me = job.identities[trainer.comm.local_ranks[0]]
@@ -299,6 +380,7 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     else:
         members = wait_for_epoch(ms, epoch + 1, timeout_s=timeout)
     byz = [int(j["worker"]) for j in attempt.joiners if j.get("byzantine")]
+    ring = tuple(range(job.n_initial))
     new_job, record = grow_job(job, joiners, byzantine=byz, reason=f"rejoin of worker(s) {joiners}")
     survivors = [w for w in members if w not in joiners]
     comm = _new_group(new_job, ms, epoch + 1, members, me, device)
@@ -307,21 +389,38 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     src = sorted(members).index(min(survivors))
     sent = time.time()
     send_state(state["replicated"] if comm.rank == src else None, src=src, src_worker=min(survivors))
+    if job.settings.peer_copy:
+        share_peer_copies(memory, joiners, _holders(ms, attempt), members, ring)
+    reports = [r for r in gather_reports(None) if r is not None]
+    _refuse_unplaced(reports)
     new_trainer.check_parameters()  # the joiners take part only once every digest agrees
     done = time.time()
     grown = {**record, "step": int(step), "epoch": [epoch, epoch + 1], "decided_by": f"every member of epoch {epoch}",
-             "state_from": f"live peer worker {min(survivors)} over the process group (SHA-256 checked by the joiner)"}
+             "state_from": f"live peer worker {min(survivors)} over the process group (SHA-256 checked by the joiner)",
+             "own_state_from": {str(r["worker"]): r["checkpoint"] for r in reports},
+             "sources": {"replicated": f"peer {min(survivors)}",
+                         "own": {str(r["worker"]): r["source"] for r in reports}}}
     grown.update(time=done, regroup_s=done - began, transfer_s=done - sent)  # from the boundary / the send to agreed digests
     if comm.is_main and store is not None:
-        own = {}
-        for w in joiners:
-            try:
-                own[str(w)] = own_state_from_disk(store, w)[1]
-            except CheckpointError as exc:
-                own[str(w)] = str(exc)
-        grown["own_state_from"] = own
+        for r in reports:
+            if r.get("refused"):
+                store.append_lineage({"event": "peer_copy_refused", "step": int(step), "worker": r["worker"],
+                                      "reason": r["refused"], "used": r["source"]})
         store.append_lineage(grown)
     return new_job, comm, parts, new_trainer, injector, (ms, epoch + 1), grown
+
+
+def _holders(ms: Membership, attempt: Attempt) -> tuple[int, ...]:
+    """The group that restored in this attempt and took the peer copies (the attempt's epoch)."""
+    return ms.members(int((attempt.membership or {})["epoch"]))
+
+
+def _refuse_unplaced(reports: list[dict[str, Any]]) -> None:
+    """Every rank of the new group: stop when some joiner has no usable own state (it raises too)."""
+    bad = [r for r in reports if not r["source"]]
+    if bad:
+        raise CheckpointError("; ".join(f"worker {r['worker']} cannot take part: {r.get('refused') or 'no own state'}"
+                                        for r in bad))
 
 
 def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], device: torch.device,
@@ -338,26 +437,55 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
                             prefix=str(where.get("prefix", "robustagg/membership")))
     epoch = int(where["epoch"])
     time.sleep(float(joiner.get("after_s", 0.0)))  # a `rejoin` fault: the worker comes back after S seconds
+    own: Optional[dict[str, Any]] = None
+    own_from = ""
     try:  # before it is admitted, a replacement that cannot join must not stop the running group
-        own, own_from = own_state_from_disk(store, me)  # before asking: something must hold its own state
-        ask_to_join(ms, epoch, me)
-        members = wait_for_grow(ms, epoch, me, timeout_s=max(120.0, 4 * timeout))
+        if s.peer_copy:  # a committed record of its state must exist (the copy is read once admitted)
+            if committed_record(store, me) is None:
+                raise CheckpointError(f"no committed checkpoint in {store.root} holds or records worker {me}'s state; "
+                                      "it cannot rejoin.")
+        else:
+            own, own_from = own_state_from_disk(store, me)  # before asking: something must hold its own state
+        admitted = join_when_admitted(ms, epoch, me, timeout_s=max(120.0, 4 * timeout))
     except (QuorumLostError, CheckpointError) as refused:
         log.warning("worker %d does not rejoin: %s", me, refused)
         store.append_lineage({"event": "rejoin_refused", "worker": me, "epoch": epoch, "reason": str(refused)})
         return None
-    if members is None:
+    if admitted is None:
         return None
-    joiners = [int(j["worker"]) for j in attempt.joiners]
+    epoch, members = admitted  # an earlier grow of this attempt may have admitted other joiners first
+    joiners = [w for w in members if w not in ms.members(epoch)]
     byz = [int(j["worker"]) for j in attempt.joiners if j.get("byzantine")]
-    new_job, record = grow_job(job, joiners, byzantine=byz, reason=f"rejoin of worker(s) {joiners}")
+    new_job, record = grow_job(job, [w for w in members if w not in job.identities], byzantine=byz,
+                               reason=f"rejoin of worker(s) {joiners}")
+    record.update(old_n=len(ms.members(epoch)), joined=joiners)  # this grow's, not the attempt's so far
+    record["effective_batch"][0] = record["old_n"] * int(s.batch_size)
     comm = _new_group(new_job, ms, epoch + 1, members, me, device)
     parts, trainer, injector = _make_trainer(new_job, comm, device, attempt, store)
     survivors = [w for w in members if w not in joiners]
     src = sorted(members).index(min(survivors))
     replicated = receive_state(send_state(None, src=src, src_worker=min(survivors)))
+    source = "disk"
+    if s.peer_copy:  # its disk copy as of now, or the holder's in-memory copy when that is newer
+        peers = share_peer_copies(None, joiners, _holders(ms, attempt), members, tuple(range(job.n_initial)))
+        try:
+            disk: Optional[tuple[dict[str, Any], str]] = own_state_from_disk(store, me)
+        except CheckpointError:
+            disk = None
+        own, source, own_from, refusal = choose_own_state(me, disk, peers.get(me), committed_record(store, me))
+        if refusal is not None:
+            write_json(Path(job.run_dir) / "evidence" / f"rejoin-{me}.json", {**refusal, "epoch": epoch + 1})
+            log.warning("%s", refusal["message"])
+        why = None if refusal is None else refusal["message"]
+    else:
+        why = None
+    reports = [r for r in gather_reports({"worker": me, "source": source if own is not None else "",
+                                          "checkpoint": own_from, "refused": why}) if r is not None]
+    _refuse_unplaced(reports)
+    assert own is not None
     trainer.load_state_dict({"replicated": replicated, "local": own})
-    grown = {**record, "epoch": [epoch, epoch + 1], "own_state_from": {str(me): own_from}}
+    grown = {**record, "epoch": [epoch, epoch + 1], "own_state_from": {str(me): own_from},
+             "sources": {"replicated": f"peer {min(survivors)}", "own": {str(me): source}}}
     return new_job, comm, parts, trainer, injector, (ms, epoch + 1), grown
 
 

@@ -391,6 +391,7 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
         record = {"event": "restore", "time": time.time(), "restart": int(restart), "reason": reason,
                   "restored_from": None if ck is None else step,
                   "checkpoint": None if ck is None else str(ck.path),
+                  "source": None if ck is None else "disk",  # a grow record's "sources" names peers
                   "steps_replayed": [step + 1, reached] if reached > step else [],
                   "skipped": skipped, "world_size": comm.world_size, "request": request, **dict(extra or {})}
         record["restore_s"] = record["time"] - started  # choose, verify, load, agree (every rank)
