@@ -79,7 +79,7 @@ RECOVERY_COLUMNS = ["case", "repeat", "on_failure", "restore_source", "n", "n_af
 #: The pieces of one save timed by :class:`SaveSplit` (ms), in the order they happen.
 PIECES = ["snapshot_ms", "serialise_ms", "write_fsync_ms", "commit_ms", "other_ms"]
 #: Where a restore's state comes from (the ``restore_source`` column).
-SOURCES = ("disk", "live-peer", "peer-memory")
+SOURCES = ("disk", "live-peer", "live-peer, own: peer-memory", "peer-memory")
 
 
 def _load1() -> float:
@@ -285,7 +285,7 @@ def timeline(run_dir: Path, ckpt_dir: Optional[Path] = None) -> list[dict[str, A
     rest = _first(lineage, event="restore", restart=attempt + 1) or {}
     replayed = rest.get("steps_replayed") or []
     started = _minus(rest.get("time"), rest.get("restore_s"))
-    disk = {"restore_source": str(rest.get("restore_source") or "disk"), "crash_step": int(kill["step"]), "committed_step": rest.get("restored_from"),
+    disk = {"restore_source": str(rest.get("restore_source") or rest.get("source") or "disk"), "crash_step": int(kill["step"]), "committed_step": rest.get("restored_from"),
             "steps_lost": (int(replayed[1]) - int(replayed[0]) + 1) if len(replayed) == 2 else 0 if rest else math.nan,
             "n_after": rest.get("world_size"),
             "detect_s": _minus(min(notice), t_kill) if notice else math.nan,
@@ -294,13 +294,14 @@ def timeline(run_dir: Path, ckpt_dir: Optional[Path] = None) -> list[dict[str, A
     rows = [disk]
     grow = _first(lineage, event="grow")
     if grow is not None:
-        rows.append({"restore_source": "live-peer", "crash_step": int(kill["step"]), "committed_step": math.nan,
+        own = str(((grow.get("sources") or {}).get("own") or {}).get(str(lost), "disk"))
+        rows.append({"restore_source": "live-peer" if own == "disk" else f"live-peer, own: {own.split()[0]}", "crash_step": int(kill["step"]), "committed_step": math.nan,
                      "steps_lost": math.nan, "n_after": grow.get("new_n"),
                      "restore_s": grow.get("transfer_s", math.nan), "regroup_s": grow.get("regroup_s", math.nan),
                      "back_s": _minus(grow.get("time"), t_kill),
                      "note": f"admitted after step {grow.get('step')}: "
                              f"{str(grow.get('state_from', 'a live peer')).split(' (')[0]}; own data position and "
-                             f"RNG from {(grow.get('own_state_from') or {}).get(str(lost), '?')}"})
+                             f"RNG from {own} {(grow.get('own_state_from') or {}).get(str(lost), '')}".rstrip()})
     return rows
 
 
@@ -321,7 +322,13 @@ def _case_overrides(c: DictConfig, case: str) -> list[str]:
         return [*base, "faults=[rejoin]", f"faults.rejoin.rank={rank}", f"faults.rejoin.step={step}",
                 f"faults.rejoin.seconds={float(c.rejoin_after_s)}", "faults.rejoin.join_step=0", "trainer.on_failure=shrink",
                 "trainer.rejoin=true", "trainer.max_restarts=1"]
-    raise ValueError(f"crash.cases: unknown case {case!r}; use restart and/or rejoin.")
+    if case == "rejoin_peer_memory":  # the joiner's own state from a survivor's memory: its disk copy is pruned
+        join = step + int(c.every)  # admitted after the survivors' next commit, which (keep=1) prunes the old one
+        return [*base, "faults=[rejoin]", f"faults.rejoin.rank={rank}", f"faults.rejoin.step={step}",
+                f"faults.rejoin.seconds={float(c.rejoin_after_s)}", f"faults.rejoin.join_step={join}",
+                "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.peer_copy=true",
+                "trainer.checkpoint.keep=1", "trainer.max_restarts=1"]
+    raise ValueError(f"crash.cases: unknown case {case!r}; use restart, rejoin and/or rejoin_peer_memory.")
 
 
 def _run(c: DictConfig, case: str, run_dir: Path) -> float:
@@ -348,9 +355,9 @@ def _step_ms(run_dir: Path) -> float:
 
 
 #: The unfaulted run each case is compared with: the same settings without the fault.
-_REFERENCE = {"restart": "unfaulted", "rejoin": "unfaulted-shrink"}
+_REFERENCE = {"restart": "unfaulted", "rejoin": "unfaulted-shrink", "rejoin_peer_memory": "unfaulted-shrink"}
 _HOW = {"unfaulted": "restart", "restart": "restart", "unfaulted-shrink": "shrink + rejoin",
-        "rejoin": "shrink + rejoin"}
+        "rejoin": "shrink + rejoin", "rejoin_peer_memory": "shrink + rejoin + peer_copy"}
 
 
 def recovery_rows(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:

@@ -106,7 +106,22 @@ def test_timeline_turns_the_records_into_disk_and_live_peer_rows(tmp_path):
     assert (peer["restore_source"], peer["n_after"], peer["restore_s"], peer["regroup_s"], peer["back_s"]) == \
         ("live-peer", 5, 0.125, 1.25, 6.0)
     assert peer["note"] == ("admitted after step 14: live peer worker 0 over the process group; own data position "
-                            "and RNG from step-00000010")
+                            "and RNG from disk step-00000010")
+
+
+def test_timeline_names_the_peer_memory_when_the_joiner_took_its_own_state_from_it(tmp_path):
+    from experiments.bench_recovery import SOURCES, timeline
+
+    _write_run(tmp_path)
+    lineage = tmp_path / "checkpoints" / "lineage.jsonl"
+    recs = [json.loads(x) for x in lineage.read_text().splitlines()]
+    for r in recs:
+        if r.get("event") == "grow":  # what trainer.peer_copy=true records when the disk copy was pruned
+            r["sources"] = {"replicated": "peer 0", "own": {"1": "peer-memory 0"}}
+    lineage.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    disk, peer = timeline(tmp_path)
+    assert peer["restore_source"] == "live-peer, own: peer-memory" and peer["restore_source"] in SOURCES
+    assert peer["note"].endswith("own data position and RNG from peer-memory 0 step-00000010")
 
 
 def test_timeline_labels_a_restore_with_the_source_its_record_names(tmp_path):
