@@ -10,7 +10,6 @@ partition that heals).
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from datetime import timedelta
 from pathlib import Path
 
@@ -101,32 +100,64 @@ def test_partition_fault_options_and_sides():
 
 
 # --- the protocol with real processes racing on one TCPStore ---------------------------------------------
-def _side(port: int, me: int, cut: tuple[int, ...], q: "mp.Queue[tuple[int, str, object]]") -> None:
-    ms = Membership(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)))
-    side = Partition("p", 3, cut, inside=me in cut).reachable(SIX)
-    try:
-        d = ms.decide(0, me, side, step=3, wait_s=60.0)
-        q.put((me, "won", list(d.after)))
-    except QuorumLostError as exc:
-        q.put((me, "lost", str(exc)))
+# Each racer is a fresh interpreter, not a fork of pytest: a fork copies the locks that pytest's
+# threads (the TCPStore server, torch's pools) hold at that instant, and under load a child could
+# hang on one of them (seen once at load average 9).
+_SIDE = """
+import json, sys
+from datetime import timedelta
+import torch.distributed as dist
+from robustagg.errors import QuorumLostError
+from robustagg.launch.quorum import Membership
+from robustagg.training.faults import Partition
+port, me, cut = int(sys.argv[1]), int(sys.argv[2]), tuple(json.loads(sys.argv[3]))
+ms = Membership(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120)))
+side = Partition("p", 3, cut, inside=me in cut).reachable((0, 1, 2, 3, 4, 5))
+try:
+    d = ms.decide(0, me, side, step=3, wait_s=120.0)
+    print(json.dumps([me, "won", list(d.after)]))
+except QuorumLostError as exc:
+    print(json.dumps([me, "lost", str(exc)]))
+"""
+
+_CLAIM = """
+import json, sys
+from datetime import timedelta
+import torch.distributed as dist
+from robustagg.errors import QuorumLostError
+from robustagg.launch.quorum import Membership
+ms = Membership(dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=timedelta(seconds=120)))
+try:
+    ms.claim_commit(int(sys.argv[2]), 8)
+    print(json.dumps(True))
+except QuorumLostError:
+    print(json.dumps(False))
+"""
+
+
+def _racers(code: str, argvs: list[list[str]]) -> list[object]:
+    """Run ``code`` in one fresh interpreter per argv, all at once; each one's JSON answer."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CONF.parent), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for argv in argvs]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr[-2000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
 
 
 def _race(cut: tuple[int, ...]) -> tuple[dict[int, tuple[str, object]], Membership]:
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120))
     ms = Membership(server)
     ms.install(SIX)
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_side, args=(server.port, w, cut, q)) for w in SIX]
-    for p in procs:
-        p.start()
-    got = {}
-    for _ in SIX:
-        me, verdict, what = q.get(timeout=120)
-        got[me] = (verdict, what)
-    for p in procs:
-        p.join(30)
-    return got, ms
+    answers = _racers(_SIDE, [[str(server.port), str(w), json.dumps(list(cut))] for w in SIX])
+    return {int(me): (verdict, what) for me, verdict, what in answers}, ms  # type: ignore[misc]
 
 
 def test_six_processes_cut_4_2_install_the_four_and_stop_the_two():
@@ -147,27 +178,11 @@ def test_six_processes_cut_3_3_install_nothing():
     assert ms.epoch() == 0
 
 
-def _claim(port: int, epoch: int, q: "mp.Queue[bool]") -> None:
-    ms = Membership(dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)))
-    try:
-        ms.claim_commit(epoch, 8)
-        q.put(True)
-    except QuorumLostError:
-        q.put(False)
-
-
 def test_racing_committers_of_one_step_commit_it_once():
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120))
     Membership(server).install(SIX)
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_claim, args=(server.port, 0, q)) for _ in range(4)]
-    for p in procs:
-        p.start()
-    wins = [q.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(30)
-    assert sorted(wins) == [False, False, False, True]
+    wins = _racers(_CLAIM, [[str(server.port), "0"] for _ in range(4)])
+    assert sorted(wins) == [False, False, False, True]  # type: ignore[type-var]
 
 
 # --- a real 6-process run, partitioned ----------------------------------------------------------------------
