@@ -47,10 +47,12 @@ def test_importing_experiments_train_leaves_the_garbage_collector_alone():
     assert proc.stdout.split() == ["True", "0", "False"]
 
 
-def test_the_command_line_trains_with_the_collector_running_over_a_frozen_start_up(tmp_path):
+def test_the_command_line_trains_with_the_collector_running_and_exits_with_everything_written(tmp_path):
     # python -m experiments.train pauses the collector while torch and its compiler stack are
     # imported; by the first step the start-up objects are frozen and collection runs again (a
-    # training loop without a collector would keep every reference cycle it makes)
+    # training loop without a collector would keep every reference cycle it makes). It ends
+    # without the interpreter's teardown, but after the atexit handlers (logging's flush of
+    # train.log, one registered by the run) and with stdout flushed: status 0, nothing half-written.
     state = tmp_path / "gc.json"
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "experiments.train", "trainer.mode=simulated", "trainer.steps=2", "logger=none",
@@ -63,6 +65,11 @@ def test_the_command_line_trains_with_the_collector_running_over_a_frozen_start_
     assert recorded["enabled"] is True
     assert recorded["frozen"] > 100_000  # torch's objects (about 350,000 here), not a handful
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    assert (tmp_path / "gc.json.atexit").read_text() == "ran"
+    assert "[experiments.train][INFO] - summary: {" in (run / "train.log").read_text()  # the last line logged
+    assert "final_test_acc" in proc.stdout  # the summary table, printed last
+    train_steps = [ln for ln in (run / "metrics.jsonl").read_text().splitlines() if '"kind": "train"' in ln]
+    assert len(train_steps) == 2, train_steps
 
 
 def test_alie_z_is_scipys_normal_quantile_bit_for_bit():
