@@ -291,7 +291,8 @@ def bench_processes(cfg: DictConfig, n: int, out: Path) -> dict[str, Any]:
 
 #: Run in a fresh interpreter by :func:`startup_split`: a 1-step simulated run, piece by piece.
 _PROBE = r"""
-import json, sys, time
+import gc, json, sys, time
+gc.disable()  # as python -m experiments.train does until validate has run (experiments.train._end_startup)
 t0 = time.perf_counter(); marks = {}
 def mark(key):
     global t0
@@ -305,7 +306,7 @@ mark("compose_s")
 import torch
 from experiments.wiring import validate
 torch.set_num_threads(1)
-plan = validate(cfg, out_dir=sys.argv[2]); job = plan.job()
+plan = validate(cfg, out_dir=sys.argv[2]); gc.freeze(); gc.enable(); job = plan.job()
 mark("data_s")
 from robustagg.distributed import LocalComm, make_reduction
 from robustagg.launch import WorkerContext

@@ -6,6 +6,7 @@ every test). No timing assertions: what is imported, and whether the warm-up run
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -17,9 +18,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+ENV = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+
+
 def _loaded_after(code: str, modules: list[str]) -> dict[str, bool]:
     probe = f"{code}\nimport sys\nprint(repr({{m: m in sys.modules for m in {modules!r}}}))"
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    env = ENV
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -31,6 +35,41 @@ def test_importing_the_packages_loads_no_scipy_stats_sklearn_numba_or_wandb():
                            ["scipy.stats", "scipy.special", "sklearn", "numba", "wandb"])
     assert loaded == {"scipy.stats": False, "scipy.special": False, "sklearn": False, "numba": False,
                       "wandb": False}
+
+
+def test_importing_experiments_train_leaves_the_garbage_collector_alone():
+    # the start-up pause belongs to the command line only: a script or a test importing the module
+    # keeps its collector running and nothing frozen
+    probe = "import gc, experiments.train\nprint(gc.isenabled(), gc.get_freeze_count(), experiments.train._GC_PAUSED)"
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "0", "False"]
+
+
+def test_the_command_line_trains_with_the_collector_running_and_exits_with_everything_written(tmp_path):
+    # python -m experiments.train pauses the collector while torch and its compiler stack are
+    # imported; by the first step the start-up objects are frozen and collection runs again (a
+    # training loop without a collector would keep every reference cycle it makes). It ends
+    # without the interpreter's teardown, but after the atexit handlers (logging's flush of
+    # train.log, one registered by the run) and with stdout flushed: status 0, nothing half-written.
+    state = tmp_path / "gc.json"
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "experiments.train", "trainer.mode=simulated", "trainer.steps=2", "logger=none",
+           "trainer.eval_every=0", "trainer.progress=false", "threat.n=3", "threat.f=1", "threat.byzantine=1",
+           "aggregator=coordinate_median", "attack=sign_flip", f"hydra.run.dir={run}",
+           f"trainer.callbacks=[{{_target_: lifecycle_helpers.RecordGc, path: '{state}', step: 1}}]"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recorded = json.loads(state.read_text())
+    assert recorded["enabled"] is True
+    assert recorded["frozen"] > 100_000  # torch's objects (about 350,000 here), not a handful
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    assert (tmp_path / "gc.json.atexit").read_text() == "ran"
+    assert "[experiments.train][INFO] - summary: {" in (run / "train.log").read_text()  # the last line logged
+    assert "final_test_acc" in proc.stdout  # the summary table, printed last
+    train_steps = [ln for ln in (run / "metrics.jsonl").read_text().splitlines() if '"kind": "train"' in ln]
+    assert len(train_steps) == 2, train_steps
 
 
 def test_alie_z_is_scipys_normal_quantile_bit_for_bit():
