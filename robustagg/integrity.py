@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ._tensor import nonfinite_rows
 from .errors import ShapeError
 
 __all__ = ["checksum", "IntegrityReport", "inspect", "inspect_rows"]
@@ -193,8 +194,10 @@ def inspect_rows(x: torch.Tensor, expected_checksums: Optional[Sequence[int]] = 
     if received_checksums is not None and len(received_checksums) != x.shape[0]:
         raise ShapeError(f"received_checksums must have one entry per row ({x.shape[0]}); "
                          f"got {len(received_checksums)}.")
-    floating = x.is_floating_point() or x.is_complex()
-    counts = (~torch.isfinite(x)).sum(dim=1).tolist() if floating else [0] * x.shape[0]
+    counts = [0] * x.shape[0]
+    if x.is_floating_point() or x.is_complex():  # one row sum; only rows whose sum is not finite are counted
+        for i in nonfinite_rows(x):
+            counts[i] = int((~torch.isfinite(x[i])).sum())
     out = []
     for i in range(x.shape[0]):
         t, who = x[i], f"row {i}"
