@@ -34,7 +34,17 @@ from .errors import ShapeError
 __all__ = ["checksum", "IntegrityReport", "inspect", "inspect_rows"]
 
 
+#: dtypes whose CPU tensors NumPy can view without a copy (bfloat16 and the float8 types it cannot).
+_NUMPY_VIEWABLE = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                             torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})
+
+
 def _bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes in C order as a buffer ``hashlib`` reads without a copy (a contiguous CPU
+    tensor's own NumPy view, else a ``uint8`` view of a contiguous copy)."""
+    if (t.device.type == "cpu" and t.dtype in _NUMPY_VIEWABLE and t.is_contiguous() and not t.is_conj()
+            and not t.is_neg()):
+        return t.detach().numpy().data  # C-contiguous: its buffer is exactly the row-major bytes
     flat = t.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()

@@ -157,3 +157,31 @@ def test_received_checksums_of_the_wrong_length_are_refused():
 
     with pytest.raises(ShapeError, match="received_checksums must have one entry per row \\(2\\); got 1"):
         inspect_rows(torch.zeros(2, 3), received_checksums=[0])
+
+
+def test_step_metrics_give_each_metrics_own_float64_formula_exactly():
+    """step_metrics computes the honest mean and the float64 copies once; every value is still the bits of
+    its own formula (kappa_hat and honest_variance as public functions, the norms and products)."""
+    import math
+
+    from robustagg.metrics import honest_variance, kappa_hat, step_metrics
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 300, generator=g)
+    mask = torch.tensor([True, False, True, True, False, True, True])
+    agg = x[mask].median(dim=0).values + 0.01
+    w = torch.rand(7, generator=g, dtype=torch.float64)
+    got = step_metrics(agg, x, mask, w)
+    honest = x[mask]
+    mu, a = honest.double().mean(dim=0), agg.double()
+    err = float(((a - mu) ** 2).sum())
+    assert got["agg/kappa_hat"] == kappa_hat(agg, honest) == err / honest_variance(honest)
+    assert got["agg/dev_norm"] == float((a - mu).norm()) / float(mu.norm())
+    assert got["agg/cosine"] == float(a @ mu) / (float(a.norm()) * float(mu.norm()))
+    assert got["agg/retained"] == float(a @ mu) / float(mu.norm()) ** 2
+    assert got["agg/byz_accepted"] == float(w[~mask].sum()) / float(w.sum())
+    assert {k: v for k, v in got.items() if "honest_weight" in k} == {
+        f"agg/honest_weight/{i}": float(w[i]) for i in (0, 2, 3, 5, 6)}
+    assert step_metrics(mu.float(), honest, torch.ones(5, dtype=torch.bool))["agg/kappa_hat"] >= 0.0
+    assert kappa_hat(honest.double().mean(dim=0), honest) == 0.0
+    assert kappa_hat(torch.ones(300), torch.zeros(3, 300)) == math.inf
