@@ -70,8 +70,7 @@ def order_statistic_weights(x: torch.Tensor, positions: list[int], per_position:
     earns = earns.to(x.device)
     pooled_t = torch.tensor(pooled, dtype=torch.float64, device=x.device)
     for s in range(0, d, chunk):
-        # sorted along the last dimension of a transposed copy: the same stable order, about twice as fast
-        values, order = torch.sort(x[:, s:s + chunk].T.contiguous(), dim=1, stable=True)
+        values, order = torch.sort(x[:, s:s + chunk], dim=0, stable=True)
         counts += _pooled_share(values, order, earns, pooled_t)
     return counts / d
 
@@ -81,23 +80,23 @@ def _pooled_share(sorted_values: torch.Tensor, order: torch.Tensor, earns: torch
     """Per-row totals of each sorted entry's share of its run's pooled credit (see :func:`order_statistic_weights`).
 
     Args:
-        sorted_values: ``(c, n)`` each column of the chunk as a row, sorted ascending (finite).
-        order: ``(c, n)`` the row index of each sorted entry.
+        sorted_values: ``(n, c)`` each column sorted ascending (finite).
+        order: ``(n, c)`` the row index of each sorted entry.
         earns: ``(n + 1,)`` int64, the number of earning positions before each position.
         pooled: ``(n + 1,)`` float64, the pooled credit of a run holding k earning positions.
 
     Returns:
         ``(n,)`` float64, accumulated in flattened ``(position, column)`` order.
     """
-    c, n = sorted_values.shape
+    n, c = sorted_values.shape
     earning = earns[1:] - earns[:-1]  # (n,) 1 at an earning position
     # a run of one entry keeps its position's own credit: pooled[0 or 1] / 1
-    shared = pooled[earning].unsqueeze(0).expand(c, n).clone()
+    shared = pooled[earning].unsqueeze(1).expand(n, c).contiguous()
     if n > 1:
-        differs = sorted_values[:, 1:] != sorted_values[:, :-1]  # (c, n - 1): a run ends between p and p + 1
-        tied = (~differs.all(dim=1)).nonzero().flatten()  # the columns holding equal values
+        differs = sorted_values[1:] != sorted_values[:-1]  # (n - 1, c): a run ends between p and p + 1
+        tied = (~differs.all(dim=0)).nonzero().flatten()  # the columns holding equal values
         if tied.numel():
-            sub = differs[tied]
+            sub = differs[:, tied].T  # (t, n - 1), one tied column per row
             pos = torch.arange(1, n, device=order.device)
             starts = torch.zeros((tied.numel(), n), dtype=torch.long, device=order.device)
             starts[:, 1:] = torch.where(sub, pos, 0)
@@ -105,9 +104,9 @@ def _pooled_share(sorted_values: torch.Tensor, order: torch.Tensor, earns: torch
             ends = torch.full((tied.numel(), n), n, dtype=torch.long, device=order.device)
             ends[:, :-1] = torch.where(sub, pos, n)
             end = ends.flip(1).cummin(dim=1).values.flip(1)  # one past its last position
-            shared[tied] = pooled[earns[end] - earns[start]] / (end - start).to(torch.float64)
-    return torch.zeros(n, dtype=torch.float64, device=order.device).index_add_(0, order.T.flatten(),
-                                                                              shared.T.flatten())
+            shared[:, tied] = (pooled[earns[end] - earns[start]] / (end - start).to(torch.float64)).T
+    return torch.zeros(n, dtype=torch.float64, device=order.device).index_add_(0, order.reshape(-1),
+                                                                              shared.reshape(-1))
 
 
 def meamed_weights(x: torch.Tensor, f: int, median: torch.Tensor) -> torch.Tensor:
