@@ -89,24 +89,17 @@ def _pooled_share(sorted_values: torch.Tensor, order: torch.Tensor, earns: torch
         ``(n,)`` float64, accumulated in flattened ``(position, column)`` order.
     """
     n, c = sorted_values.shape
-    earning = earns[1:] - earns[:-1]  # (n,) 1 at an earning position
-    # a run of one entry keeps its position's own credit: pooled[0 or 1] / 1
-    shared = pooled[earning].unsqueeze(1).expand(n, c).contiguous()
-    if n > 1:
-        differs = sorted_values[1:] != sorted_values[:-1]  # (n - 1, c): a run ends between p and p + 1
-        tied = (~differs.all(dim=0)).nonzero().flatten()  # the columns holding equal values
-        if tied.numel():
-            sub = differs[:, tied].T  # (t, n - 1), one tied column per row
-            pos = torch.arange(1, n, device=order.device)
-            starts = torch.zeros((tied.numel(), n), dtype=torch.long, device=order.device)
-            starts[:, 1:] = torch.where(sub, pos, 0)
-            start = starts.cummax(dim=1).values  # first position of each entry's run
-            ends = torch.full((tied.numel(), n), n, dtype=torch.long, device=order.device)
-            ends[:, :-1] = torch.where(sub, pos, n)
-            end = ends.flip(1).cummin(dim=1).values.flip(1)  # one past its last position
-            shared[:, tied] = (pooled[earns[end] - earns[start]] / (end - start).to(torch.float64)).T
-    return torch.zeros(n, dtype=torch.float64, device=order.device).index_add_(0, order.reshape(-1),
-                                                                              shared.reshape(-1))
+    differs = sorted_values[1:] != sorted_values[:-1]  # (n - 1, c): a run ends between p and p + 1
+    # each entry's run [start, end), one sweep down and one up the n positions (cheaper than cummax)
+    start = torch.zeros((n, c), dtype=torch.long, device=order.device)
+    for p in range(1, n):
+        start[p] = torch.where(differs[p - 1], p, start[p - 1])
+    end = torch.full((n, c), n, dtype=torch.long, device=order.device)
+    for p in range(n - 2, -1, -1):
+        end[p] = torch.where(differs[p], p + 1, end[p + 1])
+    k = (earns.index_select(0, end.reshape(-1)) - earns.index_select(0, start.reshape(-1)))
+    shared = pooled.index_select(0, k) / (end - start).reshape(-1).to(torch.float64)
+    return torch.zeros(n, dtype=torch.float64, device=order.device).index_add_(0, order.reshape(-1), shared)
 
 
 def meamed_weights(x: torch.Tensor, f: int, median: torch.Tensor) -> torch.Tensor:
