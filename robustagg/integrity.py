@@ -28,12 +28,23 @@ from typing import Optional, Sequence
 
 import torch
 
+from ._tensor import nonfinite_rows
 from .errors import ShapeError
 
 __all__ = ["checksum", "IntegrityReport", "inspect", "inspect_rows"]
 
 
+#: dtypes whose CPU tensors NumPy can view without a copy (bfloat16 and the float8 types it cannot).
+_NUMPY_VIEWABLE = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                             torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})
+
+
 def _bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes in C order as a buffer ``hashlib`` reads without a copy (a contiguous CPU
+    tensor's own NumPy view, else a ``uint8`` view of a contiguous copy)."""
+    if (t.device.type == "cpu" and t.dtype in _NUMPY_VIEWABLE and t.is_contiguous() and not t.is_conj()
+            and not t.is_neg()):
+        return t.detach().numpy().data  # C-contiguous: its buffer is exactly the row-major bytes
     flat = t.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
@@ -193,8 +204,10 @@ def inspect_rows(x: torch.Tensor, expected_checksums: Optional[Sequence[int]] = 
     if received_checksums is not None and len(received_checksums) != x.shape[0]:
         raise ShapeError(f"received_checksums must have one entry per row ({x.shape[0]}); "
                          f"got {len(received_checksums)}.")
-    floating = x.is_floating_point() or x.is_complex()
-    counts = (~torch.isfinite(x)).sum(dim=1).tolist() if floating else [0] * x.shape[0]
+    counts = [0] * x.shape[0]
+    if x.is_floating_point() or x.is_complex():  # one row sum; only rows whose sum is not finite are counted
+        for i in nonfinite_rows(x):
+            counts[i] = int((~torch.isfinite(x[i])).sum())
     out = []
     for i in range(x.shape[0]):
         t, who = x[i], f"row {i}"

@@ -20,7 +20,12 @@ __all__ = ["step_metrics", "kappa_hat", "honest_variance"]
 def honest_variance(honest: torch.Tensor) -> float:
     """``V(H) = (1/|H|) sum_i ||x_i - mean(H)||^2`` of ``honest`` ``(h, d)``, computed in float64."""
     h64 = honest.double()
-    return float(((h64 - h64.mean(dim=0)) ** 2).sum(dim=1).mean())
+    return _variance(h64, h64.mean(dim=0))
+
+
+def _variance(h64: torch.Tensor, mu: torch.Tensor) -> float:
+    """:func:`honest_variance` given the float64 rows and their mean ``mu`` (computed once by the caller)."""
+    return float(((h64 - mu) ** 2).sum(dim=1).mean())
 
 
 def kappa_hat(aggregate: torch.Tensor, honest: torch.Tensor) -> float:
@@ -28,11 +33,16 @@ def kappa_hat(aggregate: torch.Tensor, honest: torch.Tensor) -> float:
 
     Returns 0 when the aggregate equals ``mu_H`` exactly and ``inf`` when ``V(H) = 0`` but it does not.
     """
-    mu = honest.double().mean(dim=0)
-    err = float(((aggregate.double() - mu) ** 2).sum())
-    var = honest_variance(honest)
+    h64 = honest.double()
+    return _kappa(aggregate.double(), h64, h64.mean(dim=0))
+
+
+def _kappa(agg: torch.Tensor, h64: torch.Tensor, mu: torch.Tensor) -> float:
+    """:func:`kappa_hat` given the float64 aggregate, rows and honest mean."""
+    err = float(((agg - mu) ** 2).sum())
     if err == 0.0:
         return 0.0
+    var = _variance(h64, mu)
     return err / var if var > 0 else math.inf
 
 
@@ -62,22 +72,25 @@ def step_metrics(aggregate: torch.Tensor, x: torch.Tensor, honest_mask: torch.Te
                          f"got shape {tuple(mask.shape)}.")
     if aggregate.shape != (x.shape[1],):
         raise ShapeError(f"aggregate must have shape ({x.shape[1]},); got {tuple(aggregate.shape)}.")
-    honest = x[mask.to(x.device)]
-    mu = honest.double().mean(dim=0)
+    # the honest rows, their mean and the aggregate in float64 once (kappa_hat and the norms share them)
+    h64 = x[mask.to(x.device)].double()
+    mu = h64.mean(dim=0)
     agg = aggregate.double()
     mu_norm = float(mu.norm())
     agg_norm = float(agg.norm())
     dev = float((agg - mu).norm())
+    dot = float(agg @ mu)
     out = {
-        "agg/kappa_hat": kappa_hat(aggregate, honest),
+        "agg/kappa_hat": _kappa(agg, h64, mu),
         "agg/dev_norm": dev / mu_norm if mu_norm > 0 else math.nan,
-        "agg/cosine": float(agg @ mu) / (agg_norm * mu_norm) if agg_norm > 0 and mu_norm > 0 else math.nan,
-        "agg/retained": float(agg @ mu) / mu_norm**2 if mu_norm > 0 else math.nan,
+        "agg/cosine": dot / (agg_norm * mu_norm) if agg_norm > 0 and mu_norm > 0 else math.nan,
+        "agg/retained": dot / mu_norm**2 if mu_norm > 0 else math.nan,
     }
     if weights is not None:
         w = weights.double().cpu()
         total = float(w.sum())
         out["agg/byz_accepted"] = float(w[~mask].sum()) / total if total > 0 else math.nan
+        shares = w.tolist()  # one conversion, not one per honest row
         for i in mask.nonzero().flatten().tolist():
-            out[f"agg/honest_weight/{i}"] = float(w[i])
+            out[f"agg/honest_weight/{i}"] = shares[i]
     return out

@@ -333,3 +333,25 @@ def test_stateless_state_dict_roundtrip_and_foreign_state():
     a.reset()
     with pytest.raises(ConfigError, match=r"ALIE: cannot load the state of attack 'ipm'"):
         a.load_state_dict({"attack": "ipm"})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_std64_is_torchs_float64_std_bit_for_bit(dtype):
+    """ALIE's (and the std direction's) sigma: the row-at-a-time Welford path gives torch's bits."""
+    from attacks._stats import std64
+
+    g = torch.Generator().manual_seed(19)
+    shapes = [(2, 2), (2, 5000), (3, 7), (8, 4810), (17, 300), (80, 97), (200, 33), (2, 1), (96, 1)]
+    for h, d in shapes:
+        scale = torch.exp(torch.randn(d, generator=g, dtype=torch.float64) * 6)  # 1e-8 .. 1e8 per column
+        for x in (torch.randn(h, d, generator=g, dtype=torch.float64) * scale,  # spread
+                  torch.randint(-2, 3, (h, d), generator=g).double(),  # exact ties, zero columns
+                  1.0 + 1e-9 * torch.randn(h, d, generator=g, dtype=torch.float64)):  # near-constant
+            x = x.to(dtype)
+            want = x.to(torch.float64).std(dim=0, correction=1)
+            got = std64(x)
+            assert got.dtype == torch.float64 and got.shape == (d,)
+            assert torch.equal(got, want), (h, d)
+    assert torch.equal(std64(torch.ones(1, 3)), torch.zeros(3, dtype=torch.float64))  # one row: 0
+    t = torch.randn(50, 9, generator=g, dtype=torch.float64).T  # a strided view: (9, 50)
+    assert torch.equal(std64(t), t.std(dim=0, correction=1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -33,6 +34,28 @@ def test_header_roundtrip_keeps_every_field_bit_exact():
     assert back.prev_digest == -(2**63) and back.loss == 0.1 and math.isnan(back.seconds)
     with pytest.raises(DesyncError, match="malformed header"):
         Header.decode(torch.zeros(10, dtype=torch.int64))
+
+
+def test_headers_encoded_in_one_block_decode_to_the_one_by_one_fields_bit_exact():
+    from robustagg.distributed.header import decode_headers, encode_headers
+
+    nan_payload = struct.unpack("<d", struct.pack("<q", 0x7FF8_0000_0000_BEEF))[0]  # a NaN with a payload
+    hs = [Header(step=7, seq=21, rank=r, tag=0, numel=4810, dtype=2, prev_digest=-(2**63) + r, loss=0.1 * r,
+                 seconds=nan_payload, sent_at=1.7e9 + r, stop=15 * r) for r in range(3)]
+    block = encode_headers(hs)
+    assert block.shape == (3, 12) and all(torch.equal(block[i], h.encode()) for i, h in enumerate(hs))
+    back = decode_headers(block)
+    one = [Header.decode(h.encode()) for h in hs]
+    bits = [[struct.pack("<d", getattr(h, k)) if isinstance(getattr(h, k), float) else getattr(h, k)
+             for k in Header.__dataclass_fields__] for h in back]
+    assert bits == [[struct.pack("<d", getattr(h, k)) if isinstance(getattr(h, k), float) else getattr(h, k)
+                     for k in Header.__dataclass_fields__] for h in one]
+    assert struct.pack("<d", back[1].seconds) == struct.pack("<q", 0x7FF8_0000_0000_BEEF)
+    assert encode_headers([]).shape == (0, 12) and decode_headers(encode_headers([])) == []
+    bad = block.clone()
+    bad[2, 0] = 0  # a wrong format marker in one row
+    with pytest.raises(DesyncError, match="malformed header"):
+        decode_headers(bad)
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -31,6 +31,24 @@ def test_checksum_sees_every_bit_and_the_dtype_bytes():
     assert checksum(t[::2]) == checksum(t[::2].contiguous())  # non-contiguous views hash their elements
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.uint8, torch.bool, torch.complex64])
+def test_checksum_is_the_hash_of_the_c_order_bytes_on_every_path(dtype):
+    """The zero-copy NumPy buffer (contiguous CPU tensors of the dtypes NumPy knows) and the uint8-copy path
+    (bfloat16, strided views) hash the same bytes: those of the elements in row-major order."""
+    base = (torch.randn(6, 5, generator=torch.Generator().manual_seed(1)) * 50).to(dtype)
+
+    def ref(t):
+        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
+
+    for t in (base, base[2], base[:, 1], base.T, base[1:3], base[:0]):  # rows at an offset, strided, empty
+        assert checksum(t) == ref(t)
+    if dtype.is_floating_point:
+        leaf = base.clone().requires_grad_(True)
+        assert checksum(leaf) == ref(base)
+
+
 def test_inspect_reports_every_problem_and_never_mutates():
     t = torch.tensor([1.0, float("nan"), float("inf"), 4.0], dtype=torch.float64)
     before = t.clone()

@@ -93,20 +93,28 @@ def test_simulated_reduction_still_catches_a_tampered_frame():
         red.reduce(rows, step=1)
 
 
-def test_reduce_reuses_shares_frames_only_for_unchanged_rows():
+class _WireComm(LocalComm):
+    """A LocalComm subclass: the reduction cannot assume the stacked bytes are the senders' (framed path)."""
+
+
+@__import__("pytest").mark.parametrize("comm_cls,hook,cache", [(LocalComm, "checksum", "_sums"),
+                                                                (_WireComm, "frame", "_frames")])
+def test_reduce_reuses_shares_frames_only_for_unchanged_rows(comm_cls, hook, cache):
+    """What share made of a row (its frame on the wire path, its checksum in-process) is reused by
+    the same step's reduce only for the very same, unchanged tensor."""
     from robustagg.distributed import reduction as red_mod
 
     calls = []
-    real = red_mod.frame
+    real = getattr(red_mod, hook)
 
-    def counting(t, out=None):
+    def counting(t, *args):
         calls.append(t.clone())
-        return real(t, out)
+        return real(t, *args)
 
-    red = make_reduction("gather", ra.CoordinateWiseTrimmedMean(f=1), LocalComm(4))
+    red = make_reduction("gather", ra.CoordinateWiseTrimmedMean(f=1), comm_cls(4))
     rows = {r: torch.full((3,), float(r)) for r in range(4)}
     mp = __import__("pytest").MonkeyPatch()
-    mp.setattr(red_mod, "frame", counting)
+    mp.setattr(red_mod, hook, counting)
     try:
         red.share(rows, step=0)
         assert len(calls) == 4
@@ -115,11 +123,30 @@ def test_reduce_reuses_shares_frames_only_for_unchanged_rows():
         out = red.reduce(rows, step=0)
         assert len(calls) == 6 and torch.equal(calls[4], rows[2]) and torch.equal(calls[5], rows[3])
         assert torch.equal(out.matrix, torch.stack([rows[r] for r in range(4)]))
-        assert red._frames == {}  # released by the reduce
+        assert getattr(red, cache) == {}  # released by the reduce
         red.reduce(rows, step=1)  # no share at this step: every row framed
         assert len(calls) == 10
     finally:
         mp.undo()
+
+
+def test_in_process_exchange_gives_the_framed_exchanges_rows_checksums_and_count():
+    """The in-process path (no frames) and the framed path agree on everything the reduction returns."""
+    from robustagg.integrity import checksum
+
+    g = torch.Generator().manual_seed(0)
+    rows = {r: torch.randn(5, generator=g) for r in range(4)}
+    rows[1] = rows[1].double()  # a row in another dtype is converted to the announced one, like a frame
+    outs = []
+    for comm in (LocalComm(4), _WireComm(4)):
+        red = make_reduction("gather", ra.CoordinateWiseTrimmedMean(f=1), comm)
+        headers = red.announce({r: t.float() for r, t in rows.items()}, step=0)
+        outs.append((red.reduce(rows, step=0, headers=headers), comm.seq))
+    (a, seq_a), (b, seq_b) = outs
+    assert seq_a == seq_b == 2 and torch.equal(a.matrix, b.matrix) and a.matrix.dtype == torch.float32
+    assert [r.checksum for r in a.reports] == [r.checksum for r in b.reports] == [checksum(rows[r].float())
+                                                                                   for r in range(4)]
+    assert a.reports == b.reports and torch.equal(a.aggregate, b.aggregate) and a.digest == b.digest
 
 
 def test_received_checksums_of_the_wrong_length_are_refused():
@@ -130,3 +157,31 @@ def test_received_checksums_of_the_wrong_length_are_refused():
 
     with pytest.raises(ShapeError, match="received_checksums must have one entry per row \\(2\\); got 1"):
         inspect_rows(torch.zeros(2, 3), received_checksums=[0])
+
+
+def test_step_metrics_give_each_metrics_own_float64_formula_exactly():
+    """step_metrics computes the honest mean and the float64 copies once; every value is still the bits of
+    its own formula (kappa_hat and honest_variance as public functions, the norms and products)."""
+    import math
+
+    from robustagg.metrics import honest_variance, kappa_hat, step_metrics
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 300, generator=g)
+    mask = torch.tensor([True, False, True, True, False, True, True])
+    agg = x[mask].median(dim=0).values + 0.01
+    w = torch.rand(7, generator=g, dtype=torch.float64)
+    got = step_metrics(agg, x, mask, w)
+    honest = x[mask]
+    mu, a = honest.double().mean(dim=0), agg.double()
+    err = float(((a - mu) ** 2).sum())
+    assert got["agg/kappa_hat"] == kappa_hat(agg, honest) == err / honest_variance(honest)
+    assert got["agg/dev_norm"] == float((a - mu).norm()) / float(mu.norm())
+    assert got["agg/cosine"] == float(a @ mu) / (float(a.norm()) * float(mu.norm()))
+    assert got["agg/retained"] == float(a @ mu) / float(mu.norm()) ** 2
+    assert got["agg/byz_accepted"] == float(w[~mask].sum()) / float(w.sum())
+    assert {k: v for k, v in got.items() if "honest_weight" in k} == {
+        f"agg/honest_weight/{i}": float(w[i]) for i in (0, 2, 3, 5, 6)}
+    assert step_metrics(mu.float(), honest, torch.ones(5, dtype=torch.bool))["agg/kappa_hat"] >= 0.0
+    assert kappa_hat(honest.double().mean(dim=0), honest) == 0.0
+    assert kappa_hat(torch.ones(300), torch.zeros(3, 300)) == math.inf

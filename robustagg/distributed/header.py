@@ -29,7 +29,8 @@ import torch
 
 from ..errors import DesyncError, ShapeError
 
-__all__ = ["Header", "HEADER_LEN", "MAGIC", "DTYPE_CODES", "dtype_code", "check_headers"]
+__all__ = ["Header", "HEADER_LEN", "MAGIC", "DTYPE_CODES", "dtype_code", "check_headers", "encode_headers",
+           "decode_headers"]
 
 #: Format marker and version of the header layout (bumped when fields change).
 MAGIC = 0x52_41_47_02
@@ -97,9 +98,11 @@ class Header:
 
     def encode(self) -> torch.Tensor:
         """The header as an ``int64`` tensor of length :data:`HEADER_LEN` (floats bit-cast)."""
-        return torch.tensor([MAGIC, self.step, self.seq, self.rank, self.tag, self.numel, self.dtype,
-                             self.prev_digest, _f2i(self.loss), _f2i(self.seconds), _f2i(self.sent_at), self.stop],
-                            dtype=torch.int64)
+        return torch.tensor(self._values(), dtype=torch.int64)
+
+    def _values(self) -> list[int]:
+        return [MAGIC, self.step, self.seq, self.rank, self.tag, self.numel, self.dtype, self.prev_digest,
+                _f2i(self.loss), _f2i(self.seconds), _f2i(self.sent_at), self.stop]
 
     @classmethod
     def decode(cls, t: torch.Tensor) -> "Header":
@@ -108,12 +111,39 @@ class Header:
         Raises:
             DesyncError: wrong length or format marker (the peer runs another layout or garbage).
         """
-        v = [int(a) for a in t.reshape(-1).tolist()]
+        return cls._from_values([int(a) for a in t.reshape(-1).tolist()])
+
+    @classmethod
+    def _from_values(cls, v: list[int]) -> "Header":
         if len(v) != HEADER_LEN or v[0] != MAGIC:
             raise DesyncError(f"received a malformed header {v[:3]}...; every rank must run the same robustagg "
                               "version and call the same collectives in the same order.")
         return cls(step=v[1], seq=v[2], rank=v[3], tag=v[4], numel=v[5], dtype=v[6], prev_digest=v[7],
                    loss=_i2f(v[8]), seconds=_i2f(v[9]), sent_at=_i2f(v[10]), stop=v[11])
+
+
+def encode_headers(headers: Sequence[Header]) -> torch.Tensor:
+    """``(k, HEADER_LEN)`` int64: row i is ``headers[i].encode()``, built in one call (one tensor for a
+    process's hosted workers instead of one per worker).
+
+    Example:
+        >>> h = [Header(step=1, seq=2, rank=r, tag=0, numel=3, dtype=1, prev_digest=0, loss=0.5, seconds=0.1,
+        ...             sent_at=1.0) for r in range(2)]
+        >>> torch.equal(encode_headers(h)[1], h[1].encode()), decode_headers(encode_headers(h)) == h
+        (True, True)
+    """
+    return torch.tensor([h._values() for h in headers], dtype=torch.int64).reshape(len(headers), HEADER_LEN)
+
+
+def decode_headers(t: torch.Tensor) -> list[Header]:
+    """Inverse of :func:`encode_headers` on gathered headers ``(m, HEADER_LEN)`` (one ``tolist``).
+
+    Raises:
+        DesyncError: as :meth:`Header.decode`, for a row of the wrong layout or marker.
+    """
+    if t.dim() != 2:
+        return [Header.decode(row) for row in t.reshape(1, -1)]
+    return [Header._from_values(row) for row in t.tolist()]
 
 
 def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int,

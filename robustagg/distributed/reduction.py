@@ -27,11 +27,12 @@ from typing import Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
 import torch
 
+from .._tensor import nonfinite_rows
 from ..aggregators.base import Aggregator
 from ..errors import ConfigError, IntegrityError, NonFiniteInputError, ShapeError
 from ..integrity import IntegrityReport, checksum, inspect_rows
 from .comm import Communicator, LocalComm
-from .header import HEADER_LEN, Header, check_headers, dtype_code, dtype_of
+from .header import HEADER_LEN, Header, check_headers, decode_headers, dtype_code, dtype_of, encode_headers
 from .sharded import AUTO_MIN_D, supports_sharding
 
 __all__ = ["NonFinitePolicy", "Reduced", "Reduction", "register_reduction", "reduction_modes", "make_reduction",
@@ -204,6 +205,9 @@ class Reduction(abc.ABC):
         #: :meth:`share`'s frames, reused by the same step's reduce for the very same unmodified rows
         #: (rank -> (step, tensor, its version counter, dtype, frame)); emptied by that reduce.
         self._frames: dict[int, tuple[int, torch.Tensor, int, torch.dtype, torch.Tensor]] = {}
+        #: The same for the checksums of the in-process path (:meth:`_stack_rows`): rank -> (step,
+        #: tensor, its version counter, dtype, checksum).
+        self._sums: dict[int, tuple[int, torch.Tensor, int, torch.dtype, int]] = {}
         #: The headers of the last :meth:`announce` (who submits, length, dtype): the same step's
         #: :meth:`share` gathers those members' rows.
         self._announced: list[Header] = []
@@ -237,15 +241,17 @@ class Reduction(abc.ABC):
         comm = self.comm
         seq = comm.seq + 1
         prev = self.last_digest if self.check_digest else 0
-        enc = {}
         now = time.time()
+        mine = []
         for r, t in rows.items():
             loss, secs = (aux or {}).get(r, (float("nan"), float("nan")))
-            enc[r] = Header(step=step, seq=seq, rank=r, tag=TAG_REDUCTION, numel=t.numel(), dtype=dtype_code(t.dtype),
-                            prev_digest=prev, loss=loss, seconds=secs, sent_at=now,
-                            stop=int(stop)).encode().to(comm.device)
+            mine.append(Header(step=step, seq=seq, rank=r, tag=TAG_REDUCTION, numel=t.numel(),
+                               dtype=dtype_code(t.dtype), prev_digest=prev, loss=loss, seconds=secs, sent_at=now,
+                               stop=int(stop)))
+        block = encode_headers(mine).to(comm.device)  # one tensor for every hosted worker, one decode below
+        enc = {h.rank: block[i] for i, h in enumerate(mine)}
         like = torch.zeros(HEADER_LEN, dtype=torch.int64, device=comm.device)
-        headers = [Header.decode(h) for h in comm.all_gather(enc, members=members, like=like).cpu()]
+        headers = decode_headers(comm.all_gather(enc, members=members, like=like).cpu())
         check_headers(headers, step=step, seq=seq, tag=TAG_REDUCTION,
                       members=None if members is None else list(members))
         self._announced = headers
@@ -260,6 +266,8 @@ class Reduction(abc.ABC):
         frames for this step's reduce (:meth:`share`); without it the remembered ones are released.
         ``headers``: this step's (the members and the length; default: every worker).
         """
+        if self._in_process():
+            return self._stack_rows(rows, dtype, step, keep, headers)
         frames = {r: self._frame(r, t, dtype, step, keep) for r, t in rows.items()}
         if not keep:
             self._frames.clear()
@@ -283,6 +291,35 @@ class Reduction(abc.ABC):
         if keep and self.tamper is None:
             self._frames[r] = (step, t, t._version, dtype, out)
         return out
+
+    def _stack_rows(self, rows: Mapping[int, torch.Tensor], dtype: torch.dtype, step: int, keep: bool,
+                    headers: Optional[Sequence[Header]]) -> tuple[torch.Tensor, list[int]]:
+        """:meth:`_gather_rows` where every worker lives in this process and nothing can touch a frame
+        (:meth:`_in_process`): the rows are stacked as they are and each checksum is taken on the row
+        itself, so no frame is built (a copy of each row) and none is split again (a copy of the matrix).
+        The same rows, the same checksums (of the same bytes) and the same collective count as the
+        framed exchange; a checksum :meth:`share` took of the very same unchanged tensor at this step
+        is reused (as :meth:`_frame` reuses frames)."""
+        local: dict[int, torch.Tensor] = {}
+        sums: dict[int, int] = {}
+        for r, t in rows.items():
+            hit = self._sums.get(r)
+            flat = t.detach().reshape(-1).to(dtype)
+            local[r] = flat
+            if hit is not None and hit[0] == step and hit[1] is t and hit[2] == t._version and hit[3] == dtype:
+                sums[r] = hit[4]
+                continue
+            sums[r] = checksum(flat)
+            if keep:
+                self._sums[r] = (step, t, t._version, dtype, sums[r])
+        if not keep:
+            self._sums.clear()
+        members, like = None, None
+        if headers is not None and len(headers) != self.comm.world_size:
+            members = [h.rank for h in headers]
+            like = torch.zeros(headers[0].numel, dtype=dtype, device=self.comm.device)
+        order = members if members is not None else range(self.comm.world_size)
+        return self.comm.all_gather(local, members=members, like=like), [sums[r] for r in order]
 
     def _in_process(self) -> bool:
         """True when the gathered frames are the very bytes their senders hashed: every worker in this
@@ -334,8 +371,8 @@ class Reduction(abc.ABC):
                 :meth:`reduce` would raise at this step).
             IntegrityError: under ``DROP``, every listed row is non-finite.
         """
-        finite = torch.isfinite(x).all(dim=1).tolist() if rows else []  # one pass over the matrix
-        bad = [i for i in rows if not finite[i]]
+        suspects = set(nonfinite_rows(x)) if rows else set()  # one row sum over the matrix, confirmed exactly
+        bad = [i for i in rows if i in suspects]
         if not bad:
             return list(rows)
         if self.on_nonfinite is NonFinitePolicy.ABORT:
