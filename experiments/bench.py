@@ -302,6 +302,13 @@ def naive(spec: str, f: int, params: dict[str, Any], n: int = 0) -> Fn | None:
 
 # --- measurement ---------------------------------------------------------------------------------------
 def _clock(kind: str) -> Callable[[], float]:
+    """``clock=wall`` (``time.perf_counter``) or ``clock=cpu`` (``time.process_time``).
+
+    Raises:
+        ValueError: any other value (a misspelt ``cpu`` must not silently time the wall clock).
+    """
+    if kind not in ("wall", "cpu"):
+        raise ValueError(f"clock={kind!r}: choose clock=wall (elapsed time) or clock=cpu (the process's CPU time).")
     return time.process_time if kind == "cpu" else time.perf_counter
 
 
@@ -465,6 +472,11 @@ def write_csv(table: pd.DataFrame, path: Path) -> None:
 @hydra.main(config_path="../conf/bench", config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: run the grid, print the table, write ``cfg.csv`` in the run directory."""
+    try:
+        _clock(str(cfg.clock))  # a bad clock is refused before anything is timed
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     table = run_bench(cfg)
     _print(table)
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)

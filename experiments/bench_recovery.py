@@ -53,6 +53,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,6 +65,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from robustagg.checkpoint import read_jsonl
+from robustagg.errors import AssumptionError, ConfigError
 from robustagg.training.evidence import read_evidence
 from robustagg.training.resume import FAULT_LOG
 
@@ -420,6 +422,40 @@ def medians(rec: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- the app ------------------------------------------------------------------------------------------
+def check_settings(cfg: DictConfig) -> None:
+    """Refuse every setting that would fail part-way, before any run starts (and writes a folder).
+
+    Raises:
+        ValueError: an overhead interval set without 0 or not dividing its steps, an unknown crash
+            case, or a kill before the first checkpoint.
+        ConfigError: a case's run that ``experiments.train`` would refuse (a worker id or step out
+            of range, a rule's requirement), from :func:`experiments.wiring.validate`.
+    """
+    import tempfile
+
+    from .wiring import validate
+
+    if cfg.overhead.enabled:
+        o = cfg.overhead
+        every = [int(k) for k in o.every]
+        total = int(o.steps) * int(o.repeats)
+        if 0 not in every:
+            raise ValueError(f"overhead.every={every} needs 0 (checkpointing off: the reference step time); add it.")
+        uneven = [k for k in every if k and total % k]
+        if uneven:
+            raise ValueError(f"overhead.every: {uneven} do not divide overhead.steps x overhead.repeats = {total}; "
+                             "choose steps so that every interval divides it.")
+    if cfg.crash.enabled:
+        c = cfg.crash
+        if int(c.step) - 1 < int(c.every):
+            raise ValueError(f"crash.step={int(c.step)} kills before the first checkpoint (crash.every="
+                             f"{int(c.every)}); choose crash.step > crash.every.")
+        with tempfile.TemporaryDirectory() as tmp:
+            for case in ["unfaulted", *dict.fromkeys(_REFERENCE[str(x)] for x in c.cases if str(x) in _REFERENCE),
+                         *(str(x) for x in c.cases)]:
+                validate(compose(_case_overrides(c, case)), out_dir=str(Path(tmp) / case))
+
+
 def run_bench(cfg: DictConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run ``cfg``: ``(overhead table (OVERHEAD_COLUMNS), recovery table (RECOVERY_COLUMNS))``."""
     import warnings
@@ -431,6 +467,7 @@ def run_bench(cfg: DictConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         if "models" in quick.get("overhead", {}):
             cfg.overhead.models = quick.overhead.models  # replaced, not merged into the full list
     torch.set_num_threads(int(cfg.threads))
+    check_settings(cfg)
     over = overhead_rows(cfg, out) if cfg.overhead.enabled else []
     rec = recovery_rows(cfg, out) if cfg.crash.enabled else []
     return pd.DataFrame(over).reindex(columns=OVERHEAD_COLUMNS), pd.DataFrame(rec).reindex(columns=RECOVERY_COLUMNS)
@@ -479,7 +516,11 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: run, print the overhead table and the recovery medians, write the three CSVs."""
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[assignment]
-    over, rec = run_bench(cfg, out_dir)
+    try:
+        over, rec = run_bench(cfg, out_dir)
+    except (ValueError, ConfigError, AssumptionError) as exc:  # a bad setting: one line, before any run (check_settings)
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     med = medians(rec)
     _print(over, med)
     write_csv(over, out_dir / str(cfg.overhead_csv))

@@ -406,6 +406,11 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: run, print the tables, write ``cfg.csv`` and ``cfg.startup_csv`` in the run directory."""
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[assignment]
+    try:
+        _clock(str(cfg.clock))  # a bad clock is refused before anything is timed
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     table, startup = run_bench(cfg, out_dir)
     _print(table, startup)
     write_csv(table, out_dir / str(cfg.csv))

@@ -81,12 +81,13 @@ def _counts(results: pd.DataFrame) -> str:
 
 def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, settings: list[str],
               figures: dict[str, list[str]]) -> str:
-    lines = [f"# Integrity vs suppression: report of `{sweep.root}`", "", _counts(results) + ".", "",
+    avail = availability_table(results)
+    kind = "Availability against bias" if avail is not None else "Integrity vs suppression"
+    lines = [f"# {kind}: report of `{sweep.root}`", "", _counts(results) + ".", "",
              "Accuracies are final top-1 test accuracies in %, mean ± standard deviation over seeds; "
              "†k: k of the runs diverged (non-finite values) and are scored at chance accuracy 1/C. "
              "Suppression and integrity losses are in percentage points (pp); smaller is better "
              "(definitions at the end).", ""]
-    avail = availability_table(results)
     if avail is not None:
         lines += ["## Availability against bias", "",
                   "How far each update moves from the synchronous, full-participation honest mean as fewer "

@@ -50,6 +50,7 @@ def test_quick_sweep_measures_bias_on_both_axes_and_the_report_draws_them(tmp_pa
             assert s["protocol"] in ("local", "async") and s["mean_bias_vs_sync"] > 0
     assert {"availability_participation.png", "availability_tau.png"} <= {p.name for p in report.files}
     assert "## Availability against bias" in report.markdown and "| rel. bias |" in report.markdown
+    assert report.markdown.startswith("# Availability against bias: report of")
 
 
 def test_the_availability_table_averages_seeds_per_protocol_cell():

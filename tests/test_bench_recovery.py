@@ -217,3 +217,21 @@ def test_medians_group_by_case_and_source_over_the_rounds():
     med = medians(rec)
     assert list(zip(med["case"], med["restore_source"], med["repeat"], med["back_s"], med["note"])) == \
         [("restart", "disk", 3, 2.0, "x"), ("rejoin", "live-peer", 1, 5.0, "y")]
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("quick_settings.crash.rank=7", "rank 7 does not exist among n=3 workers"),
+    ("quick_settings.crash.step=50", "step 50"),
+    ("quick_settings.crash.cases=[bogus]", "unknown case 'bogus'"),
+    ("quick_settings.overhead.every=[0,3]", r"\[3\] do not divide"),
+])
+def test_a_bad_setting_is_refused_in_one_line_before_any_run(tmp_path, setting, words):
+    # found by a review run: these failed with a traceback after the unfaulted reference had run
+    # and written its folder, which then blocked a rerun in the same folder
+    import re
+
+    cmd = [sys.executable, "-m", "experiments.bench_recovery", "quick=true", setting, f"hydra.run.dir={tmp_path}"]
+    env = {**__import__("os").environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and re.search(words, proc.stderr) and "Traceback" not in proc.stderr, proc.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("run-")]

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 from robustagg.training import Shard
@@ -98,3 +100,12 @@ def test_quick_run_writes_both_tables(tmp_path):
     probe = startup.iloc[0]
     assert all(probe[p] >= 0 for p in PIECES) and abs(sum(probe[p] for p in PIECES) - probe["total_s"]) < 1e-6
     assert startup.iloc[1]["total_s"] > 0 and not (tmp_path / "bench_train.csv.tmp").exists()
+
+
+def test_a_misspelt_clock_is_refused_not_timed_on_the_wall():
+    # found by a review run: clock=bogus silently measured wall time
+    from experiments.bench import _clock
+
+    assert _clock("cpu") is time.process_time and _clock("wall") is time.perf_counter
+    with pytest.raises(ValueError, match=r"clock='cpus': choose clock=wall .* or clock=cpu"):
+        _clock("cpus")

@@ -388,6 +388,18 @@ def test_membership_schedule_parses_checks_and_names_the_members_of_each_step():
                    "trainer.mode=processes", "trainer.membership=[{workers: [2], absent: [1, 2]}]"), quiet=True)
 
 
+@pytest.mark.parametrize("schedule, words", [("[{workers: [7], absent: [3, 7]}]", r"worker ids in 0..5; got \[7\]"),
+                                             ("[{workers: [0, 1, 2, 3, 4, 5], absent: [3, 5]}]",
+                                              "every worker is absent at step 3")])
+def test_a_schedule_that_needs_n_to_be_refused_is_refused_before_launch(tmp_path, schedule, words):
+    # found by a review run: these two were raised inside the running worker, after the run folder,
+    # its lock and an evidence file (recording the error as a failure) had been written
+    with pytest.raises(ConfigError, match=words):
+        train(_cfg("threat.n=6", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=12",
+                   "trainer.mode=simulated", f"trainer.membership={schedule}"), out_dir=tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()
+
+
 def _final_state(run: Path) -> dict:
     """The last committed checkpoint of ``run``: replicated state and every worker's own state, by worker id."""
     from robustagg.checkpoint import CheckpointStore

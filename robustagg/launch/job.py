@@ -244,7 +244,8 @@ class Job:
 
     Raises:
         ConfigError: ``n < 1``, identities of the wrong length or not distinct, Byzantine ids that
-            are not workers, every worker Byzantine, or ``settings.processes`` above ``n``.
+            are not workers, every worker Byzantine, ``settings.processes`` above ``n``, or a
+            ``settings.membership`` schedule naming a worker id ``>= n`` or leaving nobody.
     """
 
     build: Callable[["WorkerContext"], WorkerParts]
@@ -297,6 +298,10 @@ class Job:
                               f"n={self.n}.")
         self.n_initial = int(self.n_initial or self.n)
         self.processes()  # refuse trainer.processes > n in either mode, not only when processes start
+        if self.settings.membership:  # worker ids and "one must remain" need n: checked here, before launch
+            from .schedule import parse_membership
+
+            parse_membership(self.settings.membership, key=self.settings.key("membership"), n=self.n_initial)
 
     def processes(self) -> int:
         """OS processes of the ``processes`` mode (``settings.processes``, or one per worker).
