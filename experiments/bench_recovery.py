@@ -177,14 +177,7 @@ def overhead_rows(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
     o = cfg.overhead
     n = int(o.n)
     f = n // 5 if o.f is None else int(o.f)
-    every = [int(k) for k in o.every]
-    total = int(o.steps) * int(o.repeats)
-    if 0 not in every:
-        raise ValueError(f"overhead.every={every} needs 0 (checkpointing off: the reference step time); add it.")
-    uneven = [k for k in every if k and total % k]
-    if uneven:
-        raise ValueError(f"overhead.every: {uneven} do not divide overhead.steps x overhead.repeats = {total}; "
-                         "choose steps so that every interval divides it.")
+    every = overhead_intervals(o)
     root = out / "overhead-checkpoints"
     rows: list[dict[str, Any]] = []
     clock = time.perf_counter
@@ -422,6 +415,24 @@ def medians(rec: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- the app ------------------------------------------------------------------------------------------
+def overhead_intervals(o: DictConfig) -> list[int]:
+    """The checkpoint intervals of ``overhead.every`` (steps; 0 = off).
+
+    Raises:
+        ValueError: 0 is missing (the reference step time without checkpoints), or an interval
+            does not divide ``steps x repeats`` (its saves would not be amortised evenly).
+    """
+    every = [int(k) for k in o.every]
+    total = int(o.steps) * int(o.repeats)
+    if 0 not in every:
+        raise ValueError(f"overhead.every={every} needs 0 (checkpointing off: the reference step time); add it.")
+    uneven = [k for k in every if k and total % k]
+    if uneven:
+        raise ValueError(f"overhead.every: {uneven} do not divide overhead.steps x overhead.repeats = {total}; "
+                         "choose steps so that every interval divides it.")
+    return every
+
+
 def check_settings(cfg: DictConfig) -> None:
     """Refuse every setting that would fail part-way, before any run starts (and writes a folder).
 
@@ -436,15 +447,7 @@ def check_settings(cfg: DictConfig) -> None:
     from .wiring import validate
 
     if cfg.overhead.enabled:
-        o = cfg.overhead
-        every = [int(k) for k in o.every]
-        total = int(o.steps) * int(o.repeats)
-        if 0 not in every:
-            raise ValueError(f"overhead.every={every} needs 0 (checkpointing off: the reference step time); add it.")
-        uneven = [k for k in every if k and total % k]
-        if uneven:
-            raise ValueError(f"overhead.every: {uneven} do not divide overhead.steps x overhead.repeats = {total}; "
-                             "choose steps so that every interval divides it.")
+        overhead_intervals(cfg.overhead)
     if cfg.crash.enabled:
         c = cfg.crash
         if int(c.step) - 1 < int(c.every):
