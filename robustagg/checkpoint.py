@@ -57,7 +57,7 @@ import torch
 from .errors import CheckpointError
 
 __all__ = ["FORMAT_VERSION", "KEY_ENV", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
-           "parse_state", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
+           "parse_state", "sha256_bytes", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
            "CheckpointStore"]
 
 #: 2: files written by the trainer's Checkpointer carry their own identity (step, run id, workers).
@@ -242,6 +242,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def sha256_bytes(data: bytes) -> str:
+    """Hex SHA-256 of ``data`` (the digest a manifest records for each file and a peer's state message)."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     """Hex SHA-256 of a file's bytes (read in 1 MiB blocks)."""
     h = hashlib.sha256()
@@ -298,7 +303,7 @@ class Checkpoint:
         data = _read_regular(self.path, name)
         if not isinstance(info, dict) or len(data) != info.get("size"):
             raise CheckpointError(f"{self.path.name}/{name}: size {len(data)} != {_get(info, 'size')}")
-        if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+        if sha256_bytes(data) != info.get("sha256"):
             raise CheckpointError(f"{self.path.name}/{name}: SHA-256 mismatch")
         return data
 
@@ -391,7 +396,7 @@ class CheckpointStore:
         files = {}
         for f in expected_files:
             data = _read_regular(staging, f)
-            files[f] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            files[f] = {"size": len(data), "sha256": sha256_bytes(data)}
         manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files, "committed_at": time.time(), **meta}
         manifest.pop("hmac", None)
         if self.key:

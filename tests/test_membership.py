@@ -274,7 +274,8 @@ def test_the_joiner_refuses_state_that_does_not_match_the_peers_manifest():
     import torch
 
     from robustagg.errors import CheckpointError
-    from robustagg.launch.grow import _sha, receive_state
+    from robustagg.checkpoint import sha256_bytes as _sha
+    from robustagg.launch.grow import receive_state
 
     buf = io.BytesIO()
     torch.save({"step": 3, "model": {"w": torch.arange(4.0)}}, buf)

@@ -36,7 +36,6 @@ arrives after the last step finds the run over (``done/<e>``) and exits.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import time
 from datetime import timedelta
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
-from ..checkpoint import Checkpoint, CheckpointStore
+from ..checkpoint import Checkpoint, CheckpointStore, sha256_bytes
 from ..errors import CheckpointError, QuorumLostError
 from .quorum import Membership, fmt_members
 
@@ -234,9 +233,6 @@ def form_group(ms: Membership, epoch: int, members: Sequence[int], me: int, *, b
                               f"{timeout_s:g} s ({type(exc).__name__}: {exc})") from exc
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
 
 def send_state(state: Optional[dict[str, Any]], *, src: int, src_worker: int) -> dict[str, Any]:
     """Broadcast the replicated state from process rank ``src`` of the (new) group; every rank calls it.
@@ -257,7 +253,7 @@ def send_state(state: Optional[dict[str, Any]], *, src: int, src_worker: int) ->
         buf = io.BytesIO()
         torch.save(state, buf)
         payload = buf.getvalue()
-        box = [{"manifest": {"sha256": _sha(payload), "size": len(payload), "step": int(state["step"]),
+        box = [{"manifest": {"sha256": sha256_bytes(payload), "size": len(payload), "step": int(state["step"]),
                              "from_worker": int(src_worker)}, "payload": payload}]
     dist.broadcast_object_list(box, src=int(src))
     return dict(box[0])
@@ -270,9 +266,9 @@ def receive_state(message: dict[str, Any]) -> dict[str, Any]:
         CheckpointError: size or SHA-256 differ from the peer's manifest, or the bytes do not parse.
     """
     man, payload = message["manifest"], message["payload"]
-    if len(payload) != int(man["size"]) or _sha(payload) != man["sha256"]:
+    if len(payload) != int(man["size"]) or sha256_bytes(payload) != man["sha256"]:
         raise CheckpointError(f"the state received from worker {man['from_worker']} does not match its manifest "
-                              f"(size {len(payload)} vs {man['size']}, SHA-256 {_sha(payload)[:12]}... vs "
+                              f"(size {len(payload)} vs {man['size']}, SHA-256 {sha256_bytes(payload)[:12]}... vs "
                               f"{str(man['sha256'])[:12]}...); refusing to take part.")
     try:
         return dict(torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True))

@@ -35,11 +35,10 @@ restore on).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
-from ..checkpoint import Checkpoint, CheckpointStore, parse_state
+from ..checkpoint import Checkpoint, CheckpointStore, parse_state, sha256_bytes
 from ..errors import CheckpointError
 
 __all__ = ["HeldPart", "PeerMemory", "holder_of", "absent_records", "committed_record", "held", "choose_own_state"]
@@ -200,9 +199,6 @@ def committed_record(store: CheckpointStore, worker: int) -> Optional[dict[str, 
     return None
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
 
 def choose_own_state(worker: int, disk: Optional[tuple[dict[str, Any], str]], peer: Optional[dict[str, Any]],
                      record: Optional[dict[str, Any]]
@@ -225,7 +221,7 @@ def choose_own_state(worker: int, disk: Optional[tuple[dict[str, Any], str]], pe
     refused: Optional[dict[str, Any]] = None
     if peer is not None and int(peer["record"]["step"]) > disk_step:
         payload, man = peer["payload"], peer["record"]
-        got: dict[str, Any] = {"size": len(payload), "sha256": _sha(payload)}
+        got: dict[str, Any] = {"size": len(payload), "sha256": sha256_bytes(payload)}
         want: Optional[dict[str, Any]] = None
         if record is not None:
             want = {"checkpoint": record["checkpoint"], "size": int(record["size"]), "sha256": str(record["sha256"])}
