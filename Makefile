@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench bench-train bench-recovery docs serve-docs typecheck
+.PHONY: install run test data bench bench-train bench-recovery docs serve-docs typecheck
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +17,19 @@ install: $(STAMP)
 
 run: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m experiments.tour $(ARGS)
+
+# Real Fashion-MNIST (Xiao, Rasul, Vollgraf 2017): Debian's dataset-fashion-mnist package puts the
+# four published IDX files in /usr/share/datasets/fashion-mnist, where data=fashion_mnist finds them
+# without data.root. Without apt-get, experiments.data_files says which files to place where (or
+# data.download=true where a network exists). Either way the decompressed files are verified.
+FMNIST_DIR := /usr/share/datasets/fashion-mnist
+data: $(STAMP)
+	@if [ ! -f $(FMNIST_DIR)/t10k-labels-idx1-ubyte.gz ] && command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  echo "make data: installing Debian's dataset-fashion-mnist (30 MB)"; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
+	fi
+	$(PY) -m experiments.data_files fashion_mnist
 
 # The site is built once, with --strict, by tests/test_docs_build.py::test_mkdocs_build_strict
 # (which also checks the pages it renders): building it again here took as long (13 to 45 s).

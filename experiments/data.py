@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from robustagg.data import (DEFAULT_AUGMENT, DataBundle, LoadedData, from_user, load, load_digits, load_hf, make_synthetic,
-                            partition, train_test_split)
+                            no_root_message, partition, system_root, train_test_split)
 from robustagg.errors import ConfigError
 
 from .config import ByzantineData, DataName, Partition
@@ -173,11 +173,23 @@ def _external_arrays(c: object, name: DataName) -> tuple[int, tuple[int, ...], n
         return (np.array([loaded.num_classes]), np.array(loaded.input_shape, dtype=np.int64),
                 _flat(loaded.train_x), loaded.train_y.numpy(), _flat(loaded.test_x), loaded.test_y.numpy(), *groups)
 
-    root = getattr(c, "root", None)
-    files = _files_key(name.value, os.fspath(root)) if root and name not in (DataName.hf, DataName.custom) else None
+    root = _root(c, name)
+    files = _files_key(name.value, os.fspath(root)) if root else None
     arrays = read() if files is None else _cached(("files", name.value, str(getattr(c, "label")), files), read)
     C, shape = int(arrays[0][0]), tuple(int(s) for s in arrays[1])
     return C, shape, arrays[2], arrays[3], arrays[4], arrays[5], (arrays[6] if len(arrays) > 6 else None)
+
+
+def _root(c: object, name: DataName) -> Optional[str]:
+    """``data.root``, else the folder a system package installed the files in (``None``: neither,
+    or a source that has no files)."""
+    if name in (DataName.hf, DataName.custom):
+        return None
+    root = getattr(c, "root", None)
+    if root:
+        return os.fspath(root)
+    found = system_root(name.value)
+    return None if found is None else str(found)
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
@@ -208,10 +220,9 @@ def _load_external(c: object, name: DataName) -> LoadedData:
             raise ConfigError(f"data._target_={target!r} cannot be imported: {exc}") from None
         args = dict(getattr(c, "args", {}) or {})
         return from_user(fn(**args), name=str(target))
-    root = getattr(c, "root", None)
+    root = _root(c, name)
     if not root:
-        raise ConfigError(f"data={name.value} needs data.root=DIR, the folder holding (or receiving, with "
-                          f"data.download=true) its published files.")
+        raise ConfigError(no_root_message(name.value))
     label = str(getattr(c, "label"))
     if label not in ("fine", "coarse"):
         raise ConfigError(f"data.label must be fine or coarse (CIFAR-100's 100 or 20 classes); got {label!r}.")

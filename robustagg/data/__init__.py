@@ -28,15 +28,17 @@ from .augment import DEFAULT_AUGMENT, Augment, random_crop_flip
 from .bundle import DataBundle
 from .cifar import RestrictedUnpickler, load_cifar, read_cifar_binary, read_cifar_python, safe_unpickle
 from .download import RESOURCES, missing_message, sha256_of
-from .folders import DATASETS, resolve
+from .digests import CONTENT, verify_content
+from .folders import DATASETS, IDX_FILES, resolve, system_root
 from .hf import load_hf
 from .idx import load_idx_pair, parse_idx, read_idx
-from .loaders import NUM_CLASSES, LoadedData, from_user, load
+from .loaders import NUM_CLASSES, LoadedData, from_user, load, no_root_message
 from .partition import PARTITIONS, partition, train_test_split
 from .sources import load_digits, make_synthetic
 
 __all__ = [
-    "LoadedData", "load", "from_user", "load_hf", "NUM_CLASSES", "DATASETS", "resolve",
+    "LoadedData", "load", "from_user", "load_hf", "NUM_CLASSES", "DATASETS", "resolve", "system_root", "IDX_FILES",
+    "no_root_message", "CONTENT", "verify_content",
     "read_idx", "parse_idx", "load_idx_pair",
     "load_cifar", "read_cifar_binary", "read_cifar_python", "RestrictedUnpickler", "safe_unpickle",
     "download", "missing_message", "RESOURCES", "sha256_of",

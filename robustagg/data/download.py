@@ -129,6 +129,11 @@ def missing_message(name: str, root: str | Path) -> str:
         dest = base / DEST[name]
         lines.append(f"  into {dest} (or directly into {base}), gzipped or not:")
         lines += [f"    {_describe(r)}" for r in RESOURCES[name]]
+        lines.append("  (any gzip of the same content will do: the decompressed files are what is verified, "
+                     "robustagg.data.digests).")
+        if name == "fashion_mnist":
+            lines.append("Or run `make data`: it installs Debian's dataset-fashion-mnist package, found without "
+                         "data.root.")
     else:
         for r in RESOURCES[name] + ALTERNATIVES[name]:
             lay = next(lay for lay in LAYOUTS[name] if lay.folder == r.members_under)

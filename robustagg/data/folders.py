@@ -24,7 +24,8 @@ from typing import Literal
 from ..errors import ConfigError, MissingDataError
 from .cifar import CIFAR10_BIN, CIFAR10_PY, CIFAR100_BIN, CIFAR100_PY
 
-__all__ = ["DATASETS", "Layout", "LAYOUTS", "IDX_FILES", "check_name", "find_file", "resolve"]
+__all__ = ["DATASETS", "Layout", "LAYOUTS", "IDX_FILES", "SYSTEM_ROOTS", "check_name", "find_file", "resolve",
+           "system_root"]
 
 #: The data sets read from their published files.
 DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100")
@@ -66,6 +67,28 @@ LAYOUTS: dict[str, tuple[Layout, ...]] = {
                  Layout("binary", "cifar-100-binary", _cifar(CIFAR100_BIN)),
                  Layout("python", "cifar-100-python", _cifar(CIFAR100_PY))),
 }
+
+
+#: Data set -> folders where an operating-system package installs its files, tried when no root
+#: is given: Debian's ``dataset-fashion-mnist`` (``make data`` installs it) puts the four ``.gz``
+#: files in ``/usr/share/datasets/fashion-mnist``.
+SYSTEM_ROOTS: dict[str, tuple[str, ...]] = {"fashion_mnist": ("/usr/share/datasets/fashion-mnist",)}
+
+
+def system_root(name: str) -> Path | None:
+    """The first folder of :data:`SYSTEM_ROOTS` that holds data set ``name`` completely, or ``None``.
+
+    Raises:
+        ConfigError: unknown ``name``.
+    """
+    check_name(name)
+    for folder in SYSTEM_ROOTS.get(name, ()):
+        try:
+            resolve(name, folder)
+        except MissingDataError:
+            continue
+        return Path(folder)
+    return None
 
 
 def find_file(folder: Path, name: str, version: Version) -> Path | None:

@@ -82,15 +82,28 @@ def read_idx(path: str | Path, *, ndim: Optional[int] = None) -> np.ndarray:
     return parse_idx(read_bytes(path), name=str(path), ndim=ndim)
 
 
-def load_idx_pair(images: str | Path, labels: str | Path, *, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def load_idx_pair(images: str | Path, labels: str | Path, *, num_classes: int,
+                  dataset: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
     """An images file and its labels file: ``(N, H, W)`` uint8 and ``(N,)`` int64.
+
+    Args:
+        images, labels: the two files (gzipped or not). num_classes: labels must lie in ``[0, num_classes)``.
+        dataset: ``mnist`` or ``fashion_mnist`` to check files that declare the published
+            dimensions against the published content (:func:`robustagg.data.digests.verify_content`);
+            ``None``: no digest check.
 
     Raises:
         DataFileError: the images are not 3-d uint8, the labels not 1-d uint8, the counts differ,
-            or a label is outside ``[0, num_classes)``.
+            a label is outside ``[0, num_classes)``, or (with ``dataset``) a file's decompressed size
+            or SHA-256 differs from the published one (the message gives both digests).
     """
-    x = read_idx(images, ndim=3)
-    y = read_idx(labels, ndim=1)
+    if dataset is None:
+        x, y = read_idx(images, ndim=3), read_idx(labels, ndim=1)
+    else:
+        from .digests import read_verified
+
+        x, y = (parse_idx(read_verified(dataset, _idx_name(p), p), name=str(p), ndim=k)
+                for p, k in ((images, 3), (labels, 1)))
     if x.dtype != np.uint8 or y.dtype != np.uint8:
         raise DataFileError(f"{images} / {labels}: expected uint8 images and labels; got {x.dtype} and {y.dtype}.")
     if len(x) != len(y):
@@ -99,3 +112,9 @@ def load_idx_pair(images: str | Path, labels: str | Path, *, num_classes: int) -
     if len(y) and int(y.max()) >= num_classes:
         raise DataFileError(f"{labels} holds label {int(y.max())}, outside [0, {num_classes}).")
     return x, y.astype(np.int64)
+
+
+def _idx_name(path: str | Path) -> str:
+    """The IDX file name of ``path`` without a ``.gz`` suffix."""
+    name = Path(path).name
+    return name[:-3] if name.endswith(".gz") else name

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ConfigError, MissingDataError
 from .cifar import load_cifar
-from .folders import IDX_FILES, check_name, find_file, resolve
+from .folders import IDX_FILES, SYSTEM_ROOTS, check_name, find_file, resolve, system_root
 from .idx import load_idx_pair
 
 __all__ = ["LoadedData", "load", "from_user", "NUM_CLASSES"]
@@ -77,7 +77,7 @@ def _tensor_images(x: np.ndarray, as_float: bool) -> torch.Tensor:
     return t.to(torch.float32).div_(255.0) if as_float else t
 
 
-def load(name: str, root: str | Path, *, download: bool = False, as_float: bool = True,
+def load(name: str, root: str | Path | None = None, *, download: bool = False, as_float: bool = True,
          label: Literal["fine", "coarse"] = "fine") -> LoadedData:
     """Load ``mnist``, ``fashion_mnist``, ``cifar10`` or ``cifar100`` from its published files under ``root``.
 
@@ -86,7 +86,9 @@ def load(name: str, root: str | Path, *, download: bool = False, as_float: bool 
     verified first (:func:`robustagg.data.download.download`).
 
     Args:
-        name: the data set. root: the data root. download: fetch missing files.
+        name: the data set. root: the data root; ``None``: the folder an operating-system package
+            installed the files in (:func:`~robustagg.data.folders.system_root`: Debian's
+            ``dataset-fashion-mnist``, which ``make data`` installs). download: fetch missing files.
         as_float: float32 in ``[0, 1]`` (default) or the files' uint8.
         label: CIFAR-100 only: ``fine`` (100 classes) or ``coarse`` (20).
 
@@ -98,11 +100,17 @@ def load(name: str, root: str | Path, *, download: bool = False, as_float: bool 
         ConfigError: unknown name or label.
         MissingDataError: files absent (and ``download`` off or impossible); the message says which
             files to place where.
-        DataFileError: a file is truncated or corrupt (the message names it and the expected size).
+        DataFileError: a file is truncated or corrupt (the message names it and the expected size), or
+            an MNIST / Fashion-MNIST file that declares the published dimensions has other content than
+            the published file (both digests: :mod:`robustagg.data.digests`).
     """
     check_name(name)
     if label not in ("fine", "coarse"):
         raise ConfigError(f"data.label must be 'fine' or 'coarse'; got {label!r}.")
+    if root is None:
+        root = system_root(name)
+        if root is None:
+            raise MissingDataError(no_root_message(name))
     try:
         folder, version = resolve(name, root)
     except MissingDataError:
@@ -115,8 +123,8 @@ def load(name: str, root: str | Path, *, download: bool = False, as_float: bool 
         folder, version = resolve(name, root)
     if version == "idx":
         paths = [find_file(folder, f, "idx") for f in IDX_FILES]
-        xtr, ytr = load_idx_pair(paths[0], paths[1], num_classes=10)  # type: ignore[arg-type]
-        xte, yte = load_idx_pair(paths[2], paths[3], num_classes=10)  # type: ignore[arg-type]
+        xtr, ytr = load_idx_pair(paths[0], paths[1], num_classes=10, dataset=name)  # type: ignore[arg-type]
+        xte, yte = load_idx_pair(paths[2], paths[3], num_classes=10, dataset=name)  # type: ignore[arg-type]
         xtr, xte = xtr[:, None], xte[:, None]
         classes = 10
     else:
@@ -126,6 +134,16 @@ def load(name: str, root: str | Path, *, download: bool = False, as_float: bool 
     return LoadedData(train_x=_tensor_images(xtr, as_float), train_y=torch.from_numpy(ytr),
                       test_x=_tensor_images(xte, as_float), test_y=torch.from_numpy(yte), num_classes=classes,
                       input_shape=tuple(int(s) for s in xtr.shape[1:]), name=name)
+
+
+def no_root_message(name: str) -> str:
+    """What to do when data set ``name`` is asked for without a root and no system package holds it."""
+    check_name(name)
+    where = " or ".join(SYSTEM_ROOTS.get(name, ()))
+    found = f"; it is not installed in {where} either" if where else ""
+    pkg = " (`make data` installs Debian's dataset-fashion-mnist)" if name == "fashion_mnist" else ""
+    return (f"data={name} needs data.root=DIR, the folder holding (or receiving, with data.download=true) its "
+            f"published files{found}{pkg}.")
 
 
 _FORMS = ("a LoadedData; a tuple (train_x, train_y, test_x, test_y) of tensors or arrays; a dict with those "

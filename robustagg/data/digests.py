@@ -1,0 +1,172 @@
+"""The published *content* of the MNIST and Fashion-MNIST IDX files, and checking a file against it.
+
+The same IDX content reaches users in differently compressed ``.gz`` files (Debian's
+``dataset-fashion-mnist`` package recompressed the published archives: its ``.gz`` bytes and sizes
+differ, its decompressed bytes do not), so a reader cannot verify the archive. It verifies what it
+parses: the decompressed IDX bytes, against the size and SHA-256 digest below.
+
+| data set | file | bytes | SHA-256 of the decompressed IDX |
+|---|---|---:|---|
+| fashion_mnist | train-images-idx3-ubyte | 47,040,016 | ``c59f468a...aa44d888`` |
+| fashion_mnist | train-labels-idx1-ubyte | 60,008 | ``bad3541b...760443d9`` |
+| fashion_mnist | t10k-images-idx3-ubyte | 7,840,016 | ``5b4141f0...8815ce37b`` |
+| fashion_mnist | t10k-labels-idx1-ubyte | 10,008 | ``0402a96d...7dec38c34`` |
+| mnist | train-images-idx3-ubyte | 47,040,016 | ``ba891046...2fc25776db`` |
+| mnist | train-labels-idx1-ubyte | 60,008 | ``65a50cbb...9eef7101c5`` |
+| mnist | t10k-images-idx3-ubyte | 7,840,016 | ``0fa7898d...62c4d494ce7`` |
+| mnist | t10k-labels-idx1-ubyte | 10,008 | ``ff7bcfd4...e06e48f7ec33f2`` |
+
+Sources. Sizes: ``4 + 4k + prod(sizes)`` bytes of the published headers (60,000 or 10,000 images
+of 28 x 28 uint8; Xiao, Rasul, Vollgraf 2017; LeCun, Cortes, Burges 1998). Fashion-MNIST digests:
+measured here on 2026-12-01 by decompressing the four files of Debian's
+``dataset-fashion-mnist 0.0~git20200523.55506a9-1``; they equal the digests that independent
+public download tables record for the decompressed published archives (whose gzip MD5s match the
+publisher's README). MNIST digests: from such public tables (decompressed published archives, whose
+``.gz`` SHA-256 is in :data:`robustagg.data.download.RESOURCES`), not re-measured here: no MNIST
+files are on these machines.
+
+Which files are checked: a file whose IDX header declares the published dimensions (say
+``60000 x 28 x 28`` for ``train-images``) claims to be the published file and must match its
+digest; a file with other dimensions (a subset, a file a user wrote in the format, the tests' tiny
+files) is read without a digest check, since there is nothing to compare it with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DataFileError
+
+__all__ = ["Content", "CONTENT", "claims_published", "verify_content", "read_verified"]
+
+
+@dataclass(frozen=True)
+class Content:
+    """The published content of one IDX file.
+
+    Attributes:
+        size: bytes of the decompressed file. sha256: hex digest of the decompressed file.
+        dims: the dimensions its header declares (``(60000, 28, 28)``, ``(10000,)``, ...).
+    """
+
+    size: int
+    sha256: str
+    dims: tuple[int, ...]
+
+
+_TRAIN_X, _TRAIN_Y, _TEST_X, _TEST_Y = (60000, 28, 28), (60000,), (10000, 28, 28), (10000,)
+
+
+def _table(digests: tuple[str, str, str, str]) -> dict[str, Content]:
+    dims = (_TRAIN_X, _TRAIN_Y, _TEST_X, _TEST_Y)
+    names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    out = {}
+    for name, d, sha in zip(names, dims, digests):
+        count = 1
+        for s in d:
+            count *= s
+        out[name] = Content(size=4 + 4 * len(d) + count, sha256=sha, dims=d)
+    return out
+
+
+#: Data set -> IDX file name (without ``.gz``) -> its published content.
+CONTENT: dict[str, dict[str, Content]] = {
+    "fashion_mnist": _table(("c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+                             "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+                             "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+                             "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34")),
+    "mnist": _table(("ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+                     "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+                     "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+                     "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2")),
+}
+
+
+def _header_dims(data: bytes) -> tuple[int, ...] | None:
+    """The dimensions an IDX header declares, or ``None`` when ``data`` has no complete header."""
+    if len(data) < 4 or data[0] or data[1]:
+        return None
+    k = data[3]
+    if len(data) < 4 + 4 * k:
+        return None
+    return tuple(struct.unpack(f">{k}I", data[4:4 + 4 * k]))
+
+
+def claims_published(name: str, filename: str, data: bytes) -> bool:
+    """Whether ``data`` (decompressed IDX bytes) declares the published dimensions of ``filename``
+    of data set ``name`` (and so must match its digest). Unknown data sets or files: ``False``.
+
+    Example:
+        >>> claims_published("fashion_mnist", "t10k-labels-idx1-ubyte", bytes([0, 0, 8, 1, 0, 0, 39, 16]))
+        True
+        >>> claims_published("fashion_mnist", "t10k-labels-idx1-ubyte", bytes([0, 0, 8, 1, 0, 0, 0, 3, 1, 2, 3]))
+        False
+    """
+    c = CONTENT.get(name, {}).get(filename)
+    return c is not None and _header_dims(data) == c.dims
+
+
+def verify_content(name: str, filename: str, data: bytes, *, path: str | Path) -> None:
+    """Refuse decompressed bytes that claim to be a published file (:func:`claims_published`) but
+    are not it.
+
+    Args:
+        name: the data set (``mnist`` or ``fashion_mnist``). filename: the IDX name without ``.gz``.
+        data: the decompressed file content. path: how the message names the file on disk.
+
+    Raises:
+        DataFileError: size or SHA-256 differ from :data:`CONTENT`; the message names the file and
+            gives both sizes and both digests (the file is corrupt, truncated, or another data set's).
+    """
+    if not claims_published(name, filename, data):
+        return
+    c = CONTENT[name][filename]
+    got = hashlib.sha256(data).hexdigest()
+    if len(data) != c.size or got != c.sha256:
+        raise DataFileError(
+            f"{path} is not the published {name} file {filename}: its decompressed content is {len(data)} bytes "
+            f"with sha256 {got}, the published one {c.size} bytes with sha256 {c.sha256}. The file is corrupt, "
+            "truncated or of another data set: reinstall it (make data) or download it again.")
+
+
+def _gunzip_prefix(raw: bytes) -> bytes:
+    """As much of a (possibly truncated or corrupt) gzip stream as decompresses."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = []
+    for i in range(0, len(raw), 1 << 16):
+        try:
+            out.append(d.decompress(raw[i:i + (1 << 16)]))
+        except zlib.error:
+            break
+    return b"".join(out)
+
+
+def read_verified(name: str, filename: str, path: str | Path) -> bytes:
+    """The decompressed content of the IDX file at ``path``, checked with :func:`verify_content`.
+
+    A gzip stream that stops early or is corrupt is refused with the digest of what could be
+    decompressed next to the published one, so a truncated download names both digests too.
+
+    Raises:
+        MissingDataError: ``path`` does not exist.
+        DataFileError: a corrupt gzip stream, or any of :func:`verify_content`'s checks.
+    """
+    from ._files import read_bytes
+
+    try:
+        data = read_bytes(path)
+    except DataFileError:
+        prefix = _gunzip_prefix(Path(path).read_bytes())
+        c = CONTENT.get(name, {}).get(filename)
+        if c is None or _header_dims(prefix) != c.dims:
+            raise
+        raise DataFileError(
+            f"{path} is a truncated or corrupt gzip file: {len(prefix)} bytes decompress (sha256 "
+            f"{hashlib.sha256(prefix).hexdigest()}) of the published {name} file {filename}'s {c.size} bytes "
+            f"(sha256 {c.sha256}). Reinstall it (make data) or download it again.") from None
+    verify_content(name, filename, data, path=path)
+    return data

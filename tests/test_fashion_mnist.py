@@ -1,0 +1,84 @@
+"""The real Fashion-MNIST files (Xiao, Rasul, Vollgraf 2017), as `make data` installs them (Debian's
+dataset-fashion-mnist): their decompressed content is the published one, a damaged copy is refused
+with both digests, and a 100-step run with the mean and no attack learns (CI installs the files;
+without them this module is skipped with one line)."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from experiments.train import train
+from robustagg.data import CONTENT, IDX_FILES, load, system_root
+from robustagg.data.digests import read_verified
+from robustagg.errors import DataFileError
+
+FOLDER = system_root("fashion_mnist")
+if FOLDER is None:
+    pytest.skip("real Fashion-MNIST not installed: run `make data` (Debian's dataset-fashion-mnist) to run these "
+                "tests", allow_module_level=True)
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def test_installed_files_are_the_published_content():
+    for name in IDX_FILES:
+        data = read_verified("fashion_mnist", name, FOLDER / f"{name}.gz")
+        assert len(data) == CONTENT["fashion_mnist"][name].size
+
+
+def test_load_gives_the_published_splits_with_balanced_classes():
+    d = load("fashion_mnist")
+    assert d.train_x.shape == (60000, 1, 28, 28) and d.test_x.shape == (10000, 1, 28, 28)
+    assert torch.bincount(d.train_y).tolist() == [6000] * 10 and torch.bincount(d.test_y).tolist() == [1000] * 10
+    assert float(d.train_x.min()) == 0.0 and float(d.train_x.max()) == 1.0
+
+
+def _copy(tmp_path: Path) -> Path:
+    dest = tmp_path / "fashion"
+    dest.mkdir()
+    for name in IDX_FILES:
+        shutil.copyfile(FOLDER / f"{name}.gz", dest / f"{name}.gz")
+    return dest
+
+
+def test_one_changed_pixel_is_refused_with_both_digests(tmp_path):
+    dest = _copy(tmp_path)
+    p = dest / "t10k-images-idx3-ubyte.gz"
+    raw = bytearray(gzip.decompress(p.read_bytes()))
+    raw[5000] ^= 0x01
+    p.write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(DataFileError) as e:
+        load("fashion_mnist", dest)
+    msg = str(e.value)
+    assert str(p) in msg and CONTENT["fashion_mnist"]["t10k-images-idx3-ubyte"].sha256 in msg and msg.count("sha256") == 2
+
+
+def test_truncated_archive_is_refused_with_both_digests(tmp_path):
+    dest = _copy(tmp_path)
+    p = dest / "train-labels-idx1-ubyte.gz"
+    p.write_bytes(p.read_bytes()[:-100])
+    with pytest.raises(DataFileError) as e:
+        load("fashion_mnist", dest)
+    assert "truncated or corrupt gzip" in str(e.value)
+    assert CONTENT["fashion_mnist"]["train-labels-idx1-ubyte"].sha256 in str(e.value)
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=["logger=none", "trainer.progress=false", *overrides])
+
+
+@pytest.mark.slow
+def test_hundred_steps_of_the_mean_without_attack_beat_seventy_percent(tmp_path):
+    """The benchmark's setup (conf/experiment/fmnist_benchmark.yaml) shortened to 100 steps."""
+    cfg = _cfg("+experiment=fmnist_benchmark", "+experiment/rule=mean", "+experiment/heterogeneity=iid",
+               "attack=none", "trainer.steps=100", "seed=0")
+    s = train(cfg, out_dir=tmp_path / "run", quiet=True)
+    assert s["data"] == "fashion_mnist" and s["steps"] == 100 and s["byzantine"] == 0
+    assert s["final_test_acc"] > 0.70, s["final_test_acc"]
