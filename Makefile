@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test data bench bench-train bench-recovery docs serve-docs typecheck
+.PHONY: install run run-fmnist test data bench bench-train bench-recovery docs serve-docs typecheck
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +17,10 @@ install: $(STAMP)
 
 run: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m experiments.tour $(ARGS)
+
+# The main job's contrast on the real Fashion-MNIST files (make data first installs them).
+run-fmnist: data
+	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m experiments.tour data=fashion_mnist $(ARGS)
 
 # Real Fashion-MNIST (Xiao, Rasul, Vollgraf 2017): Debian's dataset-fashion-mnist package puts the
 # four published IDX files in /usr/share/datasets/fashion-mnist, where data=fashion_mnist finds them

@@ -12,6 +12,8 @@ Reads every run of a Hydra multirun folder (resolved config, ``metrics.jsonl``, 
 - ``weights.csv``: each honest worker's mean weight in the aggregate and its label skew;
 - ``report.md``: the tables (final accuracy rule x attack, the trade-off, worst-class accuracy,
   skipped runs) and the figures;
+- ``worst_case.csv`` and ``worst_case_heatmap.png``: each rule's lowest accuracy over the attacks per
+  setting, the attack named (:mod:`experiments.report_worstcase`);
 - ``accuracy_heatmap.png``, ``tradeoff.png``, ``kappa_<setting>.png``, ``weights_vs_skew.png``,
   ``learning_acc_<setting>.png`` and ``learning_loss_<setting>.png`` (learning curves: a panel per
   rule, a line per attack, the seeds as a band).
@@ -42,8 +44,9 @@ from robustagg.errors import ConfigError
 from .report_figures import (accuracy_heatmap, availability_vs_bias, kappa_curves, learning_curves, save_figure,
                              tradeoff_scatter, weight_vs_skew)
 from .report_load import SweepData, load_sweep, write_atomic
-from .report_tables import (Report, across_settings, add_derived, availability_table, backdoor_table, pivot, slug,
-                            to_markdown, tradeoff)
+from .report_tables import (RULE_ORDER, Report, across_settings, add_derived, availability_table, backdoor_table, pivot,
+                            slug, to_markdown, tradeoff)
+from .report_worstcase import worst_case, worst_case_heatmap
 
 __all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
 
@@ -190,6 +193,11 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
     if len(ok):
         files.append(save_figure(accuracy_heatmap(results, settings), out / "accuracy_heatmap.png"))
         figures.setdefault("", []).append("accuracy_heatmap.png")
+        worst = worst_case(results)
+        files.append(write_csv(out / "worst_case.csv", worst))
+        if (worst["attacks"] > 0).any():
+            files.append(save_figure(worst_case_heatmap(worst, settings, RULE_ORDER), out / "worst_case_heatmap.png"))
+            figures[""].append("worst_case_heatmap.png")
         if trade[["suppression_loss", "integrity_loss"]].notna().all(axis=1).any():
             files.append(save_figure(tradeoff_scatter(trade, settings), out / "tradeoff.png"))
             figures[""].append("tradeoff.png")

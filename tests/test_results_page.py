@@ -1,0 +1,54 @@
+"""docs/results.md quotes only committed result files: every generated block equals what
+experiments.results_page renders from docs/results/, and the renderers are checked on hand-made
+files (the worst case over attacks, the cost line)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from experiments import results_page as rp
+from experiments.report_worstcase import worst_case
+
+
+def test_every_generated_block_of_the_page_is_what_the_committed_files_give():
+    text = rp.PAGE.read_text(encoding="utf-8")
+    found = rp.blocks(text)
+    assert found, "docs/results.md has no generated block"
+    for name, body in found.items():
+        assert body == rp.render_block(name), f"block {name} is stale: run python -m experiments.results_page render"
+    assert rp.render_page(text) == text
+
+
+def _results() -> pd.DataFrame:
+    rows = []
+    for seed, (none, alie, ipm) in enumerate([(0.80, 0.50, 0.70), (0.82, 0.54, 0.40)]):
+        for attack, acc in (("none", none), ("alie", alie), ("ipm", ipm)):
+            rows.append({"rule": "krum", "setting": "iid", "attack": attack, "seed": seed, "final_acc": acc,
+                         "status": "ok"})
+    rows.append({"rule": "bulyan", "setting": "iid", "attack": "alie", "seed": 0, "final_acc": float("nan"),
+                 "status": "skipped"})
+    return pd.DataFrame(rows)
+
+
+def test_worst_case_takes_the_lowest_seed_mean_over_attacks():
+    t = worst_case(_results())
+    assert list(t["rule"]) == ["krum"]  # bulyan's only run was skipped: no accuracy
+    row = t.iloc[0]
+    # alie: mean(0.50, 0.54) = 52 %, ipm: mean(0.70, 0.40) = 55 %: alie is the worst on average.
+    assert row["worst_attack"] == "alie" and abs(row["worst_acc"] - 52.0) < 1e-9 and abs(row["worst_std"] - 2.0) < 1e-9
+    assert abs(row["no_attack_acc"] - 81.0) < 1e-9 and abs(row["no_attack_std"] - 1.0) < 1e-9
+    assert row["attacks"] == 2 and row["seeds"] == 2
+
+
+def test_renderers_on_hand_made_files(tmp_path):
+    folder = tmp_path / "fmnist_benchmark"
+    folder.mkdir()
+    worst_case(_results()).to_csv(folder / "worst_case.csv", index=False)
+    (folder / "cost.json").write_text(json.dumps({"runs": 7, "status": {"ok": 6, "skipped": 1}, "timed_jobs": 7,
+                                                  "cpu_seconds": 7200.0, "wall_seconds": 9000.0}))
+    table = rp.render_block("fmnist_worst_case", results=tmp_path)
+    assert "| krum | 81.0 ± 1.0 | 52.0 ± 2.0 (alie, 2 attacks) |" in table
+    cost = rp.render_block("fmnist_cost", results=tmp_path)
+    assert cost.startswith("7 runs (6 ok, 1 skipped); 7 timed jobs took 2.00 CPU-hours (2.50 hours")
