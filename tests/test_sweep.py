@@ -31,7 +31,8 @@ RULE_FILES = sorted(p.stem for p in (CONF / "experiment" / "rule").glob("*.yaml"
 EXPECTED_RULE = {"mean": "mean", "coordinate_median": "coordinate_median", "trimmed_mean": "trimmed_mean",
                  "krum": "krum", "multi_krum": "multi_krum", "geometric_median": "geometric_median",
                  "centered_clipping": "centered_clipping", "centered_clipping_tau03": "centered_clipping",
-                 "nnm_trimmed_mean": "nnm>trimmed_mean", "nnm_krum": "nnm>krum", "bucketing_coordinate_median": "bucketing>coordinate_median",
+                 "nnm_trimmed_mean": "nnm>trimmed_mean", "nnm_krum": "nnm>krum",
+                 "nnm_geometric_median": "nnm>geometric_median", "bucketing_coordinate_median": "bucketing>coordinate_median",
                  "bucketing_krum": "bucketing>krum", "bulyan": "bulyan",
                  **{r: r for r in ("caf", "smea", "monna", "cge", "dnc", "signguard", "clipped_clustering", "flame",
                                    "fltrust", "foolsgold")}}
@@ -52,13 +53,21 @@ def _sweep_params(experiment: str) -> dict[str, list[str]]:
 @pytest.mark.parametrize("experiment, runs", [("integrity_vs_suppression", 20 * 15 * 2 * 3),
                                               ("integrity_vs_suppression_quick", 5 * 3 * 2 * 1),
                                               ("literature_bucketing", 7 * 2 * 5),
-                                              ("allouah2023_mnist", 4 * 2 * 3 * 2), ("cifar10_resnet20", 2 * 2 * 2)])
+                                              ("allouah2023_mnist", 4 * 2 * 3 * 2), ("cifar10_resnet20", 2 * 2 * 2),
+                                              ("repro_fang2020_fmnist", 3 * 3 * 3), ("repro_fang2020_fmnist_full", 2),
+                                              ("repro_fltrust2021_fmnist", 5 * 5 * 3), ("repro_fltrust2021_fmnist_full", 2),
+                                              ("repro_allouah2023_fmnist", 6 * 5 * 3 * 3),
+                                              ("repro_allouah2023_fmnist_full", 2),
+                                              ("repro_shejwalkar2021_fmnist", 5 * 4 * 3),
+                                              ("repro_shejwalkar2021_fmnist_full", 2)])
 def test_sweep_sizes_and_names(experiment: str, runs: int) -> None:
     params = _sweep_params(experiment)
     assert math.prod(len(v) for v in params.values()) == runs
     assert set(params["+experiment/rule"]) <= set(RULE_FILES)
     for attack in params.get("attack", []):
         assert (CONF / "attack" / f"{attack}.yaml").exists(), attack
+    for attack in params.get("+experiment/attack", []):
+        assert (CONF / "experiment" / "attack" / f"{attack}.yaml").exists(), attack
 
 
 def test_full_sweep_matches_the_issue() -> None:
