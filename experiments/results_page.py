@@ -9,7 +9,7 @@ Two steps, so that every number on the page comes from a file in the repository:
 ``docs/results/<name>/``, its CSV files (without the machine's run folders) and figures, plus
 ``cost.json`` (runs and CPU seconds summed from each job's ``job_timing.json``). ``render``
 rewrites every block of the page between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``
-from those files; ``render --check`` (and ``tests/test_results_page.py``) fails when a block
+from those files (also in the README: the tour's table on Fashion-MNIST); ``render --check`` (and ``tests/test_results_page.py``) fails when a block
 differs from what the files give.
 """
 
@@ -26,10 +26,12 @@ from typing import Callable, Optional, Sequence
 
 import pandas as pd
 
-__all__ = ["ROOT", "PAGE", "RESULTS", "collect", "render_block", "render_page", "blocks", "main"]
+__all__ = ["ROOT", "PAGE", "PAGES", "RESULTS", "collect", "render_block", "render_page", "blocks", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
+#: Every page with generated blocks (the README quotes the tour on Fashion-MNIST).
+PAGES = (PAGE, ROOT / "README.md")
 RESULTS = ROOT / "docs" / "results"
 
 #: The report's files kept by :func:`collect` (figures whose name starts so are kept too).
@@ -111,10 +113,18 @@ def _cost(folder: Path) -> str:
             f"({c['wall_seconds'] / 3600:.2f} hours of job wall time, summed over the jobs).\n")
 
 
+def _tour(path: Path) -> str:
+    """The table ``experiments.tour`` printed, from its committed ``tour.json``."""
+    from .tour import markdown
+
+    return markdown(json.loads(path.read_text()))
+
+
 #: Block name -> (the folder or file under docs/results it reads, how it is rendered).
 RENDERERS: dict[str, tuple[str, Callable[[Path], str]]] = {
     "fmnist_worst_case": ("fmnist_benchmark", _worst_case),
     "fmnist_cost": ("fmnist_benchmark", _cost),
+    "tour_fmnist": ("tour_fmnist.json", _tour),
 }
 
 
@@ -151,16 +161,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.cmd == "collect":
         print(f"kept: {collect(a.name, a.sweep)}")
         return 0
-    text = PAGE.read_text(encoding="utf-8")
-    new = render_page(text)
-    if a.check:
-        if new != text:
-            print(f"{PAGE} is stale: run python -m experiments.results_page render", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(new, encoding="utf-8")
-    print(f"rendered {len(blocks(new))} blocks into {PAGE}")
-    return 0
+    stale = 0
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        new = render_page(text)
+        if a.check:
+            if new != text:
+                print(f"{page} is stale: run python -m experiments.results_page render", file=sys.stderr)
+                stale = 1
+            continue
+        page.write_text(new, encoding="utf-8")
+        print(f"rendered {len(blocks(new))} blocks into {page}")
+    return stale
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["CELLS", "BASE", "tour", "main"]
+__all__ = ["CELLS", "BASE", "tour", "markdown", "main"]
 
 #: The table's attacks, in column order.
 CELLS = ("none", "gaussian", "alie")
@@ -90,9 +90,9 @@ def tour(overrides: Sequence[str] = (), *, quiet: bool = False) -> list[dict[str
                      "run_dir": s["run_dir"]})
     root.mkdir(parents=True, exist_ok=True)
     (root / "tour.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (root / "tour.md").write_text(_markdown(rows))
+    (root / "tour.md").write_text(markdown(rows))
     if not quiet:
-        _print(rows, root)
+        _print(rows, root, str(cfgs[0].data.name))
     return rows
 
 
@@ -105,7 +105,8 @@ def _num(v: Any, fmt: str) -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
-def _markdown(rows: list[dict[str, Any]]) -> str:
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table of :func:`tour`'s rows (the README's tables are this, from a committed ``tour.json``)."""
     lines = ["| rule | attack | final acc | worst-class acc | mean κ̂ |", "|---|---|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['rule']} | {r['attack']} | {_num(r['final_test_acc'], '.3f')} | "
@@ -113,11 +114,11 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _print(rows: list[dict[str, Any]], root: Path) -> None:
+def _print(rows: list[dict[str, Any]], root: Path, data: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="digits, n = 10, 3 Byzantine (f = 3), same seed: suppression (no attack) vs integrity",
+    table = Table(title=f"{data}, n = 10, 3 Byzantine (f = 3), same seed: suppression (no attack) vs integrity",
                   header_style="bold")
     for col in ("rule", "attack", "final acc", "worst-class acc", "mean κ̂"):
         table.add_column(col, justify="left" if col in ("rule", "attack") else "right")

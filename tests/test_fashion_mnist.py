@@ -82,3 +82,14 @@ def test_hundred_steps_of_the_mean_without_attack_beat_seventy_percent(tmp_path)
     s = train(cfg, out_dir=tmp_path / "run", quiet=True)
     assert s["data"] == "fashion_mnist" and s["steps"] == 100 and s["byzantine"] == 0
     assert s["final_test_acc"] > 0.70, s["final_test_acc"]
+
+
+@pytest.mark.slow
+def test_one_reproduction_cell_runs_at_a_few_steps(tmp_path):
+    """Fang et al. 2020's sweep (conf/experiment/repro_fang2020_fmnist.yaml): Krum under the Krum
+    attack, at its n = 20, f = 4, for 3 steps: the setup composes, validates and trains."""
+    cfg = _cfg("+experiment=repro_fang2020_fmnist", "+experiment/rule=krum", "attack=fang_krum", "trainer.steps=3",
+               "trainer.eval_every=3", "seed=0")
+    s = train(cfg, out_dir=tmp_path / "run", quiet=True)
+    assert (s["rule"], s["attack"], s["n"], s["byzantine"], s["steps"]) == ("krum", "fang_krum", 20, 4, 3)
+    assert 0.0 <= s["final_test_acc"] <= 1.0

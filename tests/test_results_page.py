@@ -12,13 +12,15 @@ from experiments import results_page as rp
 from experiments.report_worstcase import worst_case
 
 
-def test_every_generated_block_of_the_page_is_what_the_committed_files_give():
-    text = rp.PAGE.read_text(encoding="utf-8")
-    found = rp.blocks(text)
-    assert found, "docs/results.md has no generated block"
-    for name, body in found.items():
-        assert body == rp.render_block(name), f"block {name} is stale: run python -m experiments.results_page render"
-    assert rp.render_page(text) == text
+def test_every_generated_block_of_the_pages_is_what_the_committed_files_give():
+    for page in rp.PAGES:
+        text = page.read_text(encoding="utf-8")
+        found = rp.blocks(text)
+        assert found, f"{page.name} has no generated block"
+        for name, body in found.items():
+            assert body == rp.render_block(name), f"{page.name}: block {name} is stale: run " \
+                                                  "python -m experiments.results_page render"
+        assert rp.render_page(text) == text
 
 
 def _results() -> pd.DataFrame:

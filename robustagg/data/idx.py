@@ -87,7 +87,8 @@ def load_idx_pair(images: str | Path, labels: str | Path, *, num_classes: int,
     """An images file and its labels file: ``(N, H, W)`` uint8 and ``(N,)`` int64.
 
     Args:
-        images, labels: the two files (gzipped or not). num_classes: labels must lie in ``[0, num_classes)``.
+        images: the images file (gzipped or not). labels: the labels file (gzipped or not).
+        num_classes: labels must lie in ``[0, num_classes)``.
         dataset: ``mnist`` or ``fashion_mnist`` to check files that declare the published
             dimensions against the published content (:func:`robustagg.data.digests.verify_content`);
             ``None``: no digest check.
