@@ -47,7 +47,7 @@ from typing import Any, Optional, Sequence
 
 from .bench_byzfl import MISSING, ByzflDSGD, ByzflMissing, import_byzfl
 
-__all__ = ["RULES", "CONVENTIONS", "COLUMNS", "byzfl_rule", "run", "verdict", "table", "main"]
+__all__ = ["RULES", "CONVENTIONS", "COLUMNS", "byzfl_rule", "run", "same_rows", "verdict", "table", "main"]
 
 COLUMNS = ["rule", "seed", "side", "final_test_acc"]
 
@@ -100,8 +100,9 @@ def _flat(model: Any) -> Any:
 def run(*, rules: Sequence[str] = tuple(RULES), seeds: Sequence[int] = (0, 1, 2), steps: int = 200, n: int = 10,
         f: int = 2, data: str = "fashion_mnist", batch_size: int = 32, lr: float = 0.1, momentum: float = 0.9,
         sides: Sequence[str] = ("ours", "byzfl"), extra: Sequence[str] = (), bz: Optional[Any] = None,
-        log: Any = None) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
-    """Train every (rule, seed) on each side; the CSV rows and, per rule, the step-1 parameter gaps.
+        log: Any = None, trace: Sequence[int] = (1,)) -> tuple[list[dict[str, Any]], dict[str, dict[int, list[float]]]]:
+    """Train every (rule, seed) on each side; the CSV rows and ``gaps[rule][t]``: per seed, the largest
+    parameter difference between the sides after step ``t`` for every ``t`` in ``trace`` (both sides run).
 
     Raises:
         ByzflMissing: ``"byzfl"`` in ``sides`` and ByzFL is not importable.
@@ -120,7 +121,7 @@ def run(*, rules: Sequence[str] = tuple(RULES), seeds: Sequence[int] = (0, 1, 2)
         bz = import_byzfl()
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
-    gaps: dict[str, list[float]] = {r: [] for r in rules}
+    gaps: dict[str, dict[int, list[float]]] = {r: {} for r in rules}
     for rule in rules:
         ours_rule, ours_pre, _, _ = RULES[rule]
         for seed in seeds:
@@ -145,8 +146,9 @@ def run(*, rules: Sequence[str] = tuple(RULES), seeds: Sequence[int] = (0, 1, 2)
                     trainer.step()
                 if "byzfl" in runs:
                     runs["byzfl"].step()
-                if t == 0 and len(sides) == 2:
-                    gaps[rule].append(float((_flat(trainer.model) - _flat(runs["byzfl"].model())).abs().max()))
+                if t + 1 in trace and len(sides) == 2:
+                    gap = float((_flat(trainer.model) - _flat(runs["byzfl"].model())).abs().max())
+                    gaps[rule].setdefault(t + 1, []).append(gap)
             models = {"ours": trainer.model, "byzfl": runs["byzfl"].model() if "byzfl" in runs else None}
             for side in sides:
                 acc = evaluate(models[side], bundle.test_x, bundle.test_y, int(bundle.num_classes))["test/acc"]
@@ -154,6 +156,61 @@ def run(*, rules: Sequence[str] = tuple(RULES), seeds: Sequence[int] = (0, 1, 2)
                 if log is not None:
                     print(f"{rule:<18} seed {seed} {side:<6} test acc {acc:.4f}", file=log, flush=True)
     return rows, gaps
+
+
+def same_rows(*, rules: Sequence[str] = tuple(RULES), seed: int = 0, steps: int = 200, n: int = 10, f: int = 2,
+              data: str = "fashion_mnist", extra: Sequence[str] = (), bz: Optional[Any] = None) -> list[dict[str, Any]]:
+    """Each rule's two implementations on the SAME submitted rows, along one ByzFL trajectory (TrMean).
+
+    At every step the 8 honest gradients of ByzFL's clients and the 2 ALIE rows are handed to our
+    rule (:func:`experiments.wiring.build_rule` of the rule's configuration, as the trainer builds
+    it) and to ByzFL's ``RobustAggregator`` (:func:`byzfl_rule`); the server then steps with TrMean.
+    One row per rule: ``steps``, ``differ`` (steps with ``||ours - ByzFL|| > 1e-4 ||ByzFL||``),
+    ``median_rel`` and ``max_rel`` of that relative distance, ``other_row`` (steps where the row each
+    output is closest to differs: Krum's choice).
+    """
+    import importlib
+
+    import torch
+
+    from attacks.alie import alie_z
+
+    from .bench_train import build_with_data, compose, overrides
+    from .wiring import build_rule
+
+    bz = import_byzfl() if bz is None else bz
+    robust = importlib.import_module("byzfl.fed_framework.robust_aggregator").RobustAggregator
+    torch.set_num_threads(1)
+
+    def cfg_of(rule: str) -> Any:
+        ours_rule, ours_pre, _, _ = RULES[rule]
+        return compose(overrides(n, f, ours_rule, "alie", False, extra=(
+            f"preaggregation={ours_pre}", f"data={data}", f"seed={seed}", "optimizer.momentum=0.9", *extra)))
+
+    cfgs = {r: cfg_of(r) for r in rules}
+    pairs = {r: (build_rule(cfgs[r]), robust(*byzfl_rule(r, f, cfgs[r]))) for r in rules}
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer, _ = build_with_data(cfg_of("trimmed_mean"), tmp)
+    honest = [r for r in sorted(trainer.shards) if r not in set(trainer.byzantine.ranks)]
+    opt = trainer.optimizer.param_groups[0]
+    dsgd = ByzflDSGD(bz, trainer, honest, f=f, lr=float(opt["lr"]), momentum=float(opt["momentum"]),
+                     tau=-alie_z(n, f))
+    torch.manual_seed(int(seed))
+    rel: dict[str, list[float]] = {r: [] for r in rules}
+    other = {r: 0 for r in rules}
+    for _ in range(steps):
+        for c in dsgd.clients:
+            c.compute_gradients()
+        h = [c.get_flat_gradients_with_momentum() for c in dsgd.clients]
+        x = torch.stack(h + dsgd.byz.apply_attack(h))
+        for r, (ours, theirs) in pairs.items():
+            o, t = ours(x.clone()).to(x.dtype), theirs.aggregate_vectors(x.clone())
+            rel[r].append(float((o - t).norm() / t.norm().clamp_min(1e-30)))
+            other[r] += int(torch.argmin((x - o).norm(dim=1)) != torch.argmin((x - t).norm(dim=1)))
+        dsgd.server.update_model_with_gradients(list(x))
+        dsgd._broadcast()
+    return [{"rule": r, "steps": steps, "differ": sum(v > 1e-4 for v in rel[r]),
+             "median_rel": statistics.median(rel[r]), "max_rel": max(rel[r]), "other_row": other[r]} for r in rules]
 
 
 def verdict(ours: Sequence[float], theirs: Sequence[float]) -> dict[str, Any]:
@@ -175,7 +232,7 @@ def verdict(ours: Sequence[float], theirs: Sequence[float]) -> dict[str, Any]:
     return out
 
 
-def table(rows: Sequence[dict[str, Any]], gaps: Optional[dict[str, list[float]]] = None) -> str:
+def table(rows: Sequence[dict[str, Any]], gaps: Optional[dict[str, dict[int, list[float]]]] = None) -> str:
     """The Markdown table: per rule, ours and ByzFL mean ± std, the difference, its bound and the verdict."""
     gaps = gaps or {}
     lines = ["| rule | ours | ByzFL | ours - ByzFL | bound | agree | max\\|dtheta\\| @1 |",
@@ -184,7 +241,7 @@ def table(rows: Sequence[dict[str, Any]], gaps: Optional[dict[str, list[float]]]
         acc = {s: [r["final_test_acc"] for r in rows if r["rule"] == rule and r["side"] == s]
                for s in ("ours", "byzfl")}
         v = verdict(acc["ours"], acc["byzfl"])
-        g = gaps.get(rule) or []
+        g = (gaps.get(rule) or {}).get(1) or []
         gap = f"{statistics.fmean(g):.1e}" if g else "-"
         agree = {True: "yes", False: "**no**", None: "-"}[v["agree"]]
         lines.append(f"| {rule} | {v['ours_mean']:.4f} ± {v['ours_std']:.4f} | {v['byzfl_mean']:.4f} ± "
@@ -206,6 +263,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="extra Hydra overrides of our side (e.g. data.samples=200)")
     p.add_argument("--out", type=Path, default=Path("byzfl_accuracy.csv"), help="the CSV to write")
     p.add_argument("--table", type=Path, default=None, help="also write the command and the table as Markdown here")
+    p.add_argument("--diagnose", action="store_true",
+                   help="instead: the parameter gap between the sides along the run (first seed) and each rule's "
+                        "two implementations on the same rows (:func:`same_rows`); printed, and written to --table")
     a = p.parse_args(argv)
     bz = None
     if "byzfl" in a.sides:
@@ -220,12 +280,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from .bench import machine, write_csv
 
-    rows, gaps = run(rules=a.rules, seeds=a.seeds, steps=a.steps, n=a.n, f=a.f, data=a.data, sides=a.sides,
-                     extra=a.override, bz=bz, log=sys.stdout)
     command = "python -m experiments.byzfl_accuracy " + " ".join(shlex.quote(x) for x in
                                                                   (sys.argv[1:] if argv is None else argv))
     if bz is not None:
         command = f"PYTHONPATH={Path(sys.modules['byzfl'].__path__[0]).parent}:$PWD {command}"
+    if a.diagnose:
+        if bz is None:
+            print("error: --diagnose compares both sides; drop --sides", file=sys.stderr)
+            return 2
+        trace = sorted({1, 10, 25, 50, 100, a.steps} & set(range(1, a.steps + 1)))
+        _, gaps = run(rules=a.rules, seeds=a.seeds[:1], steps=a.steps, n=a.n, f=a.f, data=a.data, extra=a.override,
+                      bz=bz, trace=trace)
+        lines = ["| rule | " + " | ".join(f"step {t}" for t in trace) + " |", "|---|" + "---|" * len(trace)]
+        lines += [f"| {r} | " + " | ".join(f"{gaps[r][t][0]:.1e}" for t in trace) + " |" for r in a.rules]
+        same = same_rows(rules=a.rules, seed=a.seeds[0], steps=a.steps, n=a.n, f=a.f, data=a.data,
+                         extra=a.override, bz=bz)
+        lines += ["", "| rule | steps | steps differing (> 1e-4 rel.) | median rel. | max rel. | other nearest row |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {d['rule']} | {d['steps']} | {d['differ']} | {d['median_rel']:.1e} | {d['max_rel']:.1e} | "
+                  f"{d['other_row']} |" for d in same]
+        text = (f"max |theta_ours - theta_byzfl| after step t (seed {a.seeds[0]}); then each rule's two "
+                f"implementations on the same rows along ByzFL's TrMean run:\n\n" + "\n".join(lines))
+        print(text)
+        if a.table is not None:
+            a.table.parent.mkdir(parents=True, exist_ok=True)
+            a.table.write_text(f"`{command}`\n\n{text}\n")
+            print(f"wrote {a.table}")
+        return 0
+    rows, gaps = run(rules=a.rules, seeds=a.seeds, steps=a.steps, n=a.n, f=a.f, data=a.data, sides=a.sides,
+                     extra=a.override, bz=bz, log=sys.stdout)
     head = (f"{machine()}; byzfl {bz.version if bz else 'not used'}; data={a.data}, n={a.n}, f={a.f} (ALIE), "
             f"batch 32, SGD lr 0.1 momentum 0.9, {a.steps} steps, seeds {a.seeds}")
     text = table(rows, gaps)

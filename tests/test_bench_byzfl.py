@@ -58,7 +58,11 @@ def test_both_sides_start_from_the_same_model_data_and_batches(tmp_path) -> None
     assert [(r["rule"], r["side"]) for r in rows] == [("trimmed_mean", "ours"), ("trimmed_mean", "byzfl"),
                                                       ("geometric_median", "ours"), ("geometric_median", "byzfl")]
     # same initial weights, shards, batches, ALIE and rule: after one step only float rounding separates them
-    assert max(gaps["trimmed_mean"]) < 1e-6 and max(gaps["geometric_median"]) < 1e-5
+    assert max(gaps["trimmed_mean"][1]) < 1e-6 and max(gaps["geometric_median"][1]) < 1e-5
+    same = byzfl_accuracy.same_rows(rules=("krum", "nnm_trimmed_mean"), steps=2, data="synthetic",
+                                    extra=("data.samples=400",))
+    assert [(d["rule"], d["steps"], d["differ"], d["other_row"]) for d in same] == [("krum", 2, 0, 0),
+                                                                                    ("nnm_trimmed_mean", 2, 0, 0)]
 
 
 def test_verdict_and_table_on_hand_made_numbers() -> None:
@@ -74,6 +78,6 @@ def test_verdict_and_table_on_hand_made_numbers() -> None:
             for rule, accs in {"a": ([0.80, 0.82, 0.84], [0.79, 0.81, 0.83]),
                                "b": ([0.80, 0.82, 0.84], [0.70, 0.72, 0.74])}.items()
             for side, vals in zip(("ours", "byzfl"), accs) for s, acc in enumerate(vals)]
-    lines = byzfl_accuracy.table(rows, {"a": [1e-8], "b": []}).splitlines()
+    lines = byzfl_accuracy.table(rows, {"a": {1: [1e-8]}, "b": {}}).splitlines()
     assert lines[2] == "| a | 0.8200 ± 0.0200 | 0.8100 ± 0.0200 | +0.0100 | 0.0327 | yes | 1.0e-08 |"
     assert lines[3] == "| b | 0.8200 ± 0.0200 | 0.7200 ± 0.0200 | +0.1000 | 0.0327 | **no** | - |"
