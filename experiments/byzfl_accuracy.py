@@ -160,17 +160,16 @@ def run(*, rules: Sequence[str] = tuple(RULES), seeds: Sequence[int] = (0, 1, 2)
 
 def same_rows(*, rules: Sequence[str] = tuple(RULES), seed: int = 0, steps: int = 200, n: int = 10, f: int = 2,
               data: str = "fashion_mnist", extra: Sequence[str] = (), bz: Optional[Any] = None) -> list[dict[str, Any]]:
-    """Each rule's two implementations on the SAME submitted rows, along one ByzFL trajectory (TrMean).
+    """Each rule's two implementations on the SAME submitted rows, along ByzFL's own run of that rule.
 
-    At every step the 8 honest gradients of ByzFL's clients and the 2 ALIE rows are handed to our
-    rule (:func:`experiments.wiring.build_rule` of the rule's configuration, as the trainer builds
-    it) and to ByzFL's ``RobustAggregator`` (:func:`byzfl_rule`); the server then steps with TrMean.
-    One row per rule: ``steps``, ``differ`` (steps with ``||ours - ByzFL|| > 1e-4 ||ByzFL||``),
-    ``median_rel`` and ``max_rel`` of that relative distance, ``other_row`` (steps where the row each
-    output is closest to differs: Krum's choice).
+    At every step of ByzFL's run (:class:`~experiments.bench_byzfl.ByzflDSGD` with the rule's ByzFL
+    class) the 8 honest gradients of its clients and the 2 ALIE rows go to the ByzFL server's
+    aggregator, whose output the server applies, and to our rule (:func:`experiments.wiring.build_rule`
+    of the rule's configuration, as the trainer builds it). One row per rule: ``steps``, ``differ``
+    (steps with ``||ours - ByzFL|| > 1e-4 ||ByzFL||``), ``median_rel`` and ``max_rel`` of that relative
+    distance, ``other_row`` (steps where the submitted row nearest to each output differs: for Krum,
+    a different choice).
     """
-    import importlib
-
     import torch
 
     from attacks.alie import alie_z
@@ -179,38 +178,37 @@ def same_rows(*, rules: Sequence[str] = tuple(RULES), seed: int = 0, steps: int 
     from .wiring import build_rule
 
     bz = import_byzfl() if bz is None else bz
-    robust = importlib.import_module("byzfl.fed_framework.robust_aggregator").RobustAggregator
     torch.set_num_threads(1)
-
-    def cfg_of(rule: str) -> Any:
+    out = []
+    for rule in rules:
         ours_rule, ours_pre, _, _ = RULES[rule]
-        return compose(overrides(n, f, ours_rule, "alie", False, extra=(
+        cfg = compose(overrides(n, f, ours_rule, "alie", False, extra=(
             f"preaggregation={ours_pre}", f"data={data}", f"seed={seed}", "optimizer.momentum=0.9", *extra)))
-
-    cfgs = {r: cfg_of(r) for r in rules}
-    pairs = {r: (build_rule(cfgs[r]), robust(*byzfl_rule(r, f, cfgs[r]))) for r in rules}
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer, _ = build_with_data(cfg_of("trimmed_mean"), tmp)
-    honest = [r for r in sorted(trainer.shards) if r not in set(trainer.byzantine.ranks)]
-    opt = trainer.optimizer.param_groups[0]
-    dsgd = ByzflDSGD(bz, trainer, honest, f=f, lr=float(opt["lr"]), momentum=float(opt["momentum"]),
-                     tau=-alie_z(n, f))
-    torch.manual_seed(int(seed))
-    rel: dict[str, list[float]] = {r: [] for r in rules}
-    other = {r: 0 for r in rules}
-    for _ in range(steps):
-        for c in dsgd.clients:
-            c.compute_gradients()
-        h = [c.get_flat_gradients_with_momentum() for c in dsgd.clients]
-        x = torch.stack(h + dsgd.byz.apply_attack(h))
-        for r, (ours, theirs) in pairs.items():
-            o, t = ours(x.clone()).to(x.dtype), theirs.aggregate_vectors(x.clone())
-            rel[r].append(float((o - t).norm() / t.norm().clamp_min(1e-30)))
-            other[r] += int(torch.argmin((x - o).norm(dim=1)) != torch.argmin((x - t).norm(dim=1)))
-        dsgd.server.update_model_with_gradients(list(x))
-        dsgd._broadcast()
-    return [{"rule": r, "steps": steps, "differ": sum(v > 1e-4 for v in rel[r]),
-             "median_rel": statistics.median(rel[r]), "max_rel": max(rel[r]), "other_row": other[r]} for r in rules]
+        ours = build_rule(cfg)
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer, _ = build_with_data(cfg, tmp)
+        honest = [r for r in sorted(trainer.shards) if r not in set(trainer.byzantine.ranks)]
+        opt = trainer.optimizer.param_groups[0]
+        agg, pre = byzfl_rule(rule, f, cfg)
+        dsgd = ByzflDSGD(bz, trainer, honest, f=f, lr=float(opt["lr"]), momentum=float(opt["momentum"]),
+                         tau=-alie_z(n, f), aggregator=agg, pre_agg=pre)
+        torch.manual_seed(int(seed))
+        rel, other = [], 0
+        for _ in range(steps):
+            for c in dsgd.clients:
+                c.compute_gradients()
+            h = [c.get_flat_gradients_with_momentum() for c in dsgd.clients]
+            x = torch.stack(h + dsgd.byz.apply_attack(h))
+            t = dsgd.server.aggregate(x.clone())  # what ByzFL's update_model_with_gradients applies
+            o = ours(x.clone()).to(x.dtype)
+            rel.append(float((o - t).norm() / t.norm().clamp_min(1e-30)))
+            other += int(torch.argmin((x - o).norm(dim=1)) != torch.argmin((x - t).norm(dim=1)))
+            dsgd.server.set_gradients(t)
+            dsgd.server._step()
+            dsgd._broadcast()
+        out.append({"rule": rule, "steps": steps, "differ": sum(v > 1e-4 for v in rel),
+                    "median_rel": statistics.median(rel), "max_rel": max(rel), "other_row": other})
+    return out
 
 
 def verdict(ours: Sequence[float], theirs: Sequence[float]) -> dict[str, Any]:
@@ -300,7 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         lines += [f"| {d['rule']} | {d['steps']} | {d['differ']} | {d['median_rel']:.1e} | {d['max_rel']:.1e} | "
                   f"{d['other_row']} |" for d in same]
         text = (f"max |theta_ours - theta_byzfl| after step t (seed {a.seeds[0]}); then each rule's two "
-                f"implementations on the same rows along ByzFL's TrMean run:\n\n" + "\n".join(lines))
+                f"implementations on the same rows along ByzFL's run of that rule:\n\n" + "\n".join(lines))
         print(text)
         if a.table is not None:
             a.table.parent.mkdir(parents=True, exist_ok=True)
