@@ -31,6 +31,11 @@ also gives ``max|dtheta| @1``: the largest parameter difference between the side
 step (mean over seeds), 0 up to float rounding where both sides computed the same aggregate.
 Writes the CSV ``rule, seed, side, final_test_acc`` (``--out``) and, with ``--table``, the command
 line and the printed table as Markdown.
+
+``--diagnose`` (both sides, the first seed) prints instead where the sides part: the largest
+parameter difference after steps 1, 10, 25, 50, 100 and the last, and :func:`same_rows` (each
+rule's two implementations fed the same rows along ByzFL's run of that rule); ``--table`` gets it.
+Results and their reading: ``docs/results/byzfl_accuracy.md``.
 """
 
 from __future__ import annotations
