@@ -23,11 +23,12 @@ Cases, built once and timed interleaved (``--repeats`` rounds of ``--steps`` ste
 Same everything where both libraries allow it: the digits MLP of ``conf/model/mlp.yaml`` (ByzFL's
 clients and server build a deep copy of our initial model, registered under a name in ByzFL's
 model module, which is how ByzFL looks models up), the honest workers' shards of our partition
-(each wrapped in a shuffled ``DataLoader`` of batch 32), server SGD (lr 0.1, momentum 0.9), no
-worker momentum, n = 10 of which f = 2 Byzantine running ALIE (ByzFL's ``ALittleIsEnough`` with
-``tau = -z``, our z of Baruch et al. 2019 for (n, f): both move every coordinate z standard
-deviations below the honest mean), the coordinate-wise trimmed mean with f = 2 (Yin et al., ICML
-2018). ``ratio`` = median step time / ours with metrics off.
+(each wrapped in a ``DataLoader`` of batch 32 whose batches are our trainer's: a copy of the
+worker's :class:`~robustagg.training.ShardSampler`, so both sides draw the same batches), server
+SGD (lr 0.1, momentum 0.9), no worker momentum, n = 10 of which f = 2 Byzantine running ALIE
+(ByzFL's ``ALittleIsEnough`` with ``tau = -z``, our z of Baruch et al. 2019 for (n, f): both move
+every coordinate z standard deviations below the honest mean), the coordinate-wise trimmed mean
+with f = 2 (Yin et al., ICML 2018). ``ratio`` = median step time / ours with metrics off.
 
 Importing ByzFL: ``import byzfl`` runs ``byzfl/__init__.py``, which imports ``byzfl.benchmark``
 (torchvision, matplotlib, seaborn). When that fails, the package is registered without running its
@@ -51,7 +52,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["MISSING", "ByzflMissing", "import_byzfl", "ByzflDSGD", "run", "main"]
+__all__ = ["MISSING", "ByzflMissing", "import_byzfl", "ByzflDSGD", "SamplerBatches", "run", "main"]
 
 #: What the script prints (and exits 2 with) when ByzFL cannot be imported.
 MISSING = ("experiments.bench_byzfl needs the byzfl package (ByzFL, the peer library this benchmark compares with), "
@@ -106,16 +107,29 @@ def import_byzfl() -> types.SimpleNamespace:
                                  models=models, version=ver, how=how)
 
 
+class SamplerBatches:
+    """A ``DataLoader`` batch sampler that yields a :class:`~robustagg.training.ShardSampler`'s batches forever."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Any:
+        while True:
+            yield self.sampler.next().tolist()
+
+
 class ByzflDSGD:
-    """ByzFL's DSGD iteration on our trainer's model and honest shards (see the module docstring).
+    """ByzFL's DSGD iteration on our trainer's model, honest shards and batches (see the module docstring).
 
     Args:
         bz: :func:`import_byzfl`'s namespace. trainer: our :class:`~robustagg.training.Trainer`
-            (its initial model and its shards are used; it is not stepped here).
+            before its first step (its initial model, its shards and a copy of each honest worker's
+            sampler are used; it is not stepped here).
         honest: the honest ranks (their shards become ByzFL's honest clients, in rank order).
-        f: Byzantine vectors per step (ByzFL's ``f``) and the trimmed mean's f.
-        batch_size: examples per client batch. lr, momentum: the server's SGD. tau: ByzFL ALIE's
-            ``tau`` (``-z`` for ours). seed: seeds the clients' shuffling.
+        f: Byzantine vectors per step (ByzFL's ``f``).
+        lr, momentum: the server's SGD. tau: ByzFL ALIE's ``tau`` (``-z`` for ours).
+        aggregator: ByzFL's ``aggregator_info`` (default ``{"name": "TrMean", "parameters": {"f": f}}``).
+        pre_agg: ByzFL's ``pre_agg_list`` (default none).
 
     Raises:
         ValueError: ``f`` or ``honest`` outside ByzFL's requirement ``2 f < n``.
@@ -123,21 +137,23 @@ class ByzflDSGD:
 
     MODEL = "robustagg_bench_model"
 
-    def __init__(self, bz: types.SimpleNamespace, trainer: Any, honest: Sequence[int], *, f: int, batch_size: int,
-                 lr: float, momentum: float, tau: float, seed: int = 0) -> None:
-        import torch
+    def __init__(self, bz: types.SimpleNamespace, trainer: Any, honest: Sequence[int], *, f: int, lr: float,
+                 momentum: float, tau: float, aggregator: Optional[dict[str, Any]] = None,
+                 pre_agg: Sequence[dict[str, Any]] = ()) -> None:
         from torch.utils.data import DataLoader, TensorDataset
 
         if not 0 <= 2 * f < len(honest) + f:
-            raise ValueError(f"f={f} with {len(honest)} honest clients: ByzFL's trimmed mean needs 2 f < n.")
+            raise ValueError(f"f={f} with {len(honest)} honest clients: ByzFL's rules need 2 f < n.")
         model0 = copy.deepcopy(trainer.model).cpu()
+        self._model0 = model0
         setattr(bz.models, self.MODEL, lambda: copy.deepcopy(model0))  # ByzFL builds models by name
         common = {"model_name": self.MODEL, "device": "cpu"}
+        agg = {"name": "TrMean", "parameters": {"f": f}} if aggregator is None else dict(aggregator)
         self.clients = []
         for r in honest:
             s = trainer.shards[r]
-            loader = DataLoader(TensorDataset(s.x, s.y), batch_size=batch_size, shuffle=True,
-                                generator=torch.Generator().manual_seed(seed * 1000 + int(r)))
+            loader = DataLoader(TensorDataset(s.x, s.y),
+                                batch_sampler=SamplerBatches(copy.deepcopy(trainer.samplers[r])))
             self.clients.append(bz.Client({**common, "loss_name": "CrossEntropyLoss", "LabelFlipping": False,
                                            "nb_labels": int(trainer.num_classes), "momentum": 0.0,
                                            "training_dataloader": loader, "store_per_client_metrics": False}))
@@ -145,8 +161,8 @@ class ByzflDSGD:
         self.server = bz.Server({**common, "test_loader": DataLoader(TensorDataset(first.x[:1], first.y[:1])),
                                  "optimizer_name": "SGD", "optimizer_params": {"momentum": float(momentum)},
                                  "learning_rate": float(lr), "weight_decay": 0.0, "milestones": [],
-                                 "learning_rate_decay": 1.0, "aggregator_info": {"name": "TrMean", "parameters": {"f": f}},
-                                 "pre_agg_list": []})
+                                 "learning_rate_decay": 1.0, "aggregator_info": agg,
+                                 "pre_agg_list": [dict(p) for p in pre_agg]})
         self.byz = bz.ByzantineClient({"name": "ALittleIsEnough", "f": f, "parameters": {"tau": float(tau)}})
         self._broadcast()
 
@@ -154,6 +170,12 @@ class ByzflDSGD:
         state = self.server.get_dict_parameters()
         for c in self.clients:
             c.set_model_state(state)
+
+    def model(self) -> Any:
+        """A copy of our initial model object holding the server's current parameters (for evaluation)."""
+        m = copy.deepcopy(self._model0)
+        m.load_state_dict(self.server.model.state_dict())
+        return m
 
     def step(self) -> None:
         """One DSGD iteration, as ByzFL's benchmark loop runs it (evaluation and file writing left out)."""
@@ -196,8 +218,7 @@ def run(*, n: int = 10, f: int = 2, warmup: int = 5, repeats: int = 5, steps: in
     floor = Floor(plain, batch)
     honest = [r for r in sorted(off.shards) if r not in set(off.byzantine.ranks)]
     opt = off.optimizer.param_groups[0]
-    byzfl = ByzflDSGD(bz, off, honest, f=f, batch_size=batch, lr=float(opt["lr"]), momentum=float(opt["momentum"]),
-                      tau=-alie_z(n, f))
+    byzfl = ByzflDSGD(bz, off, honest, f=f, lr=float(opt["lr"]), momentum=float(opt["momentum"]), tau=-alie_z(n, f))
     cases: dict[str, Callable[[], Any]] = {
         "byzfl": byzfl.step,
         "ours, metrics off": lambda: step_record(off.step(), off),

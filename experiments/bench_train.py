@@ -92,6 +92,11 @@ def compose(ovr: list[str]) -> DictConfig:
 
 def build_trainer(cfg: DictConfig, out_dir: str) -> Any:
     """A simulated-mode :class:`~robustagg.training.Trainer` of ``cfg`` (as ``run_worker`` builds it)."""
+    return build_with_data(cfg, out_dir)[0]
+
+
+def build_with_data(cfg: DictConfig, out_dir: str) -> tuple[Any, Any]:
+    """:func:`build_trainer`'s trainer and the plan's data bundle (its ``test_x``, ``test_y``, ``num_classes``)."""
     from robustagg.distributed import LocalComm, make_reduction
     from robustagg.launch import WorkerContext
     from robustagg.training import Trainer
@@ -105,9 +110,11 @@ def build_trainer(cfg: DictConfig, out_dir: str) -> Any:
     parts = job.build(WorkerContext(job=job, rank=0, local_ranks=tuple(comm.local_ranks),
                                     device=torch.device("cpu"), comm=comm))
     red = make_reduction(str(s.reduction), parts.rule, comm, on_nonfinite=str(s.on_nonfinite))
-    return Trainer(parts.model, parts.optimizer, red, parts.shards, batch_size=int(s.batch_size),
-                   num_classes=int(parts.num_classes), seed=int(s.seed), byzantine=parts.byzantine,
-                   metrics=bool(s.metrics), precision=str(s.precision), batched_gradients=bool(s.batched_gradients))
+    trainer = Trainer(parts.model, parts.optimizer, red, parts.shards, batch_size=int(s.batch_size),
+                      num_classes=int(parts.num_classes), seed=int(s.seed), byzantine=parts.byzantine,
+                      metrics=bool(s.metrics), precision=str(s.precision),
+                      batched_gradients=bool(s.batched_gradients))
+    return trainer, plan.data
 
 
 class Floor:
