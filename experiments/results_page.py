@@ -120,11 +120,20 @@ def _tour(path: Path) -> str:
     return markdown(json.loads(path.read_text()))
 
 
+def _byzfl(path: Path) -> str:
+    """Final accuracy per rule, ours next to ByzFL's, from the committed per-seed CSV."""
+    from .byzfl_accuracy import table
+
+    rows = pd.read_csv(path).to_dict("records")
+    return table(rows) + "\n"
+
+
 #: Block name -> (the folder or file under docs/results it reads, how it is rendered).
 RENDERERS: dict[str, tuple[str, Callable[[Path], str]]] = {
     "fmnist_worst_case": ("fmnist_benchmark", _worst_case),
     "fmnist_cost": ("fmnist_benchmark", _cost),
     "tour_fmnist": ("tour_fmnist.json", _tour),
+    "byzfl_accuracy": ("byzfl_accuracy.csv", _byzfl),
 }
 
 

@@ -54,3 +54,12 @@ def test_renderers_on_hand_made_files(tmp_path):
     assert "| krum | 81.0 ± 1.0 | 52.0 ± 2.0 (alie, 2 attacks) |" in table
     cost = rp.render_block("fmnist_cost", results=tmp_path)
     assert cost.startswith("7 runs (6 ok, 1 skipped); 7 timed jobs took 2.00 CPU-hours (2.50 hours")
+
+
+def test_the_byzfl_sentence_matches_its_table():
+    """The page says all six rules agree with ByzFL within the seeds' spread: the table must say so."""
+    text = rp.PAGE.read_text(encoding="utf-8")
+    assert "All six rules agree" in text
+    body = rp.render_block("byzfl_accuracy")
+    rows = [ln for ln in body.splitlines()[2:] if ln.startswith("| ")]
+    assert len(rows) == 6 and all("| yes |" in ln for ln in rows)
