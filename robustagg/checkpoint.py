@@ -39,6 +39,7 @@ The directory must be visible to every rank (one machine, or a shared file syste
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import io
@@ -56,7 +57,7 @@ import torch
 
 from .errors import CheckpointError
 
-__all__ = ["FORMAT_VERSION", "KEY_ENV", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
+__all__ = ["FORMAT_VERSION", "KEY_ENV", "open_for_writing", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
            "parse_state", "sha256_bytes", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
            "CheckpointStore"]
 
@@ -85,13 +86,50 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def open_for_writing(path: Path, *, append: bool = False) -> int:
+    """Open ``path`` for writing without following a symbolic link: the one way a run file is opened.
+
+    A symbolic link planted at ``path`` is removed first (its target is left alone) and a regular
+    file created in its place; ``O_NOFOLLOW`` then refuses a link planted in between, and the
+    open is retried. Every file the run writes goes through here: whole files through
+    :func:`atomic_write_bytes` (its temp file), appended logs (``lineage.jsonl``, ``faults.jsonl``,
+    ``detections.jsonl``) through :func:`append_jsonl`, ``metrics.jsonl`` through
+    :class:`~robustagg.training.JsonlSink`, the run lock's files.
+
+    Args:
+        path: the file. append: ``O_APPEND`` (keep what it holds) instead of ``O_TRUNC``.
+
+    Returns:
+        a file descriptor open for writing (the caller closes it, e.g. with :func:`os.fdopen`).
+
+    Raises:
+        OSError: the path exists and is not a regular file (a folder, a FIFO), or the folder
+            cannot be written (read-only, full disk).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC) | getattr(os, "O_NONBLOCK", 0)
+    for _ in range(100):
+        if os.path.islink(path):  # never write through a link someone planted at the name
+            os.unlink(path)
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                continue  # a link appeared between the check and the open: remove it again
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return fd
+    raise OSError(errno.ELOOP, "a symbolic link keeps being planted at this name", str(path))
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, rename (never half-written)."""
+    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, rename (never half-written;
+    never through a symbolic link, :func:`open_for_writing`)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if tmp.is_symlink():  # never write through a link someone planted at the temp name
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
+    fd = open_for_writing(tmp)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
@@ -216,11 +254,13 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON object as a line to ``path`` (created if missing) and fsync it.
 
     A line is appended with one ``write`` call on a file opened for appending, so concurrent
-    appenders on one machine do not interleave within a line.
+    appenders on one machine do not interleave within a line. The file is opened without following
+    a symbolic link (:func:`open_for_writing`): a link planted at ``path`` is replaced by a regular
+    file, its target left alone.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
+    with os.fdopen(open_for_writing(path, append=True), "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())

@@ -56,3 +56,85 @@ def test_an_empty_or_partly_written_lock_counts_as_held_never_stale(tmp_path, co
         RunLock(tmp_path).acquire()
     assert (tmp_path / "run.lock").read_text() == content  # left alone
     assert sorted(p.name for p in tmp_path.iterdir()) == [".run.lock.guard", "run.lock"]  # no temp file left
+
+
+# --- item 2: the checkpoint folder is locked too ----------------------------------------------------
+SMALL = ["logger=none", "trainer.progress=false", "threat.n=3", "threat.f=1", "aggregator=coordinate_median",
+         "attack=sign_flip", "trainer.batch_size=16", "trainer.param_check_every=0", "trainer.mode=simulated"]
+
+
+def _cli(args, cwd):
+    return subprocess.Popen([sys.executable, "-m", "experiments.train", *SMALL, *args], cwd=cwd, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_two_run_folders_sharing_one_checkpoint_folder_cannot_run_together(tmp_path):
+    shared, go = tmp_path / "shared-ckpt", tmp_path / "go"
+    common = ["trainer.steps=12", "trainer.checkpoint.every=2", f"trainer.checkpoint.dir={shared}"]
+    hold = f"trainer.callbacks=[{{_target_: lifecycle_helpers.WaitForFile, path: '{go}', step: 5}}]"
+    a = _cli(["run_name=first", *common, hold], tmp_path)
+    try:
+        _wait_for([shared / "step-00000004" / "manifest.json"], seconds=300)
+        b = _cli(["run_name=second", *common, "trainer.resume_changes=allow"], tmp_path)  # (no callback)
+        out_b, err_b = b.communicate(timeout=300)
+    finally:
+        go.touch()
+        out_a, err_a = a.communicate(timeout=300)
+    assert b.returncode == 2, err_b[-3000:]
+    assert f"checkpoint folder {shared} is in use by another launch: PID {a.pid}" in err_b, err_b[-3000:]
+    assert "Traceback" not in err_b and not (tmp_path / "outputs" / "second").exists()
+    assert a.returncode == 0, err_a[-3000:]
+    import json
+
+    s = json.loads((tmp_path / "outputs" / "first" / "summary.json").read_text())
+    assert s["steps"] == 12 and s["resumed_from"] is None
+    assert not (shared / "run.lock").exists() and not (tmp_path / "outputs" / "first" / "run.lock").exists()
+
+
+# --- item 7: no file of the run is written through a symbolic link ---------------------------------
+def _cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=[*SMALL[:-1], "trainer.collective_timeout_s=60", *overrides])
+
+
+def test_append_jsonl_and_the_metrics_sink_replace_a_planted_link_never_write_through_it(tmp_path):
+    from robustagg.checkpoint import append_jsonl, read_jsonl
+    from robustagg.training import JsonlSink
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    for name in ("lineage.jsonl", "m.jsonl", "dangling.jsonl"):
+        (tmp_path / name).symlink_to(victim if name != "dangling.jsonl" else tmp_path / "nowhere")
+    append_jsonl(tmp_path / "lineage.jsonl", {"a": 1})
+    append_jsonl(tmp_path / "dangling.jsonl", {"b": 2})
+    sink = JsonlSink(tmp_path / "m.jsonl")
+    sink.log({"kind": "train", "step": 1}, 1)
+    sink.close()
+    assert victim.read_text() == "keep\n" and not (tmp_path / "nowhere").exists()
+    for name in ("lineage.jsonl", "m.jsonl", "dangling.jsonl"):
+        assert not (tmp_path / name).is_symlink()
+    assert read_jsonl(tmp_path / "lineage.jsonl") == [{"a": 1}] and read_jsonl(tmp_path / "m.jsonl")[0]["step"] == 1
+
+
+@pytest.mark.slow
+def test_a_run_with_a_restart_writes_no_byte_through_links_planted_at_its_logs(tmp_path):
+    from experiments.train import train
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    planted = {run / "checkpoints" / "lineage.jsonl", run / "checkpoints" / "faults.jsonl",
+               run / "detections.jsonl", run / "metrics.jsonl", run / "summary.json"}
+    for i, link in enumerate(sorted(planted)):
+        (outside / f"t{i}").write_text("")
+        link.symlink_to(outside / f"t{i}")
+    s = train(_cfg("trainer.steps=6", "trainer.checkpoint.every=2", "trainer.max_restarts=1", "faults=[crash]",
+                   "faults.crash.rank=1", "faults.crash.step=3"), out_dir=run, quiet=True)
+    assert s["restarts"] == 1 and s["resumed_from"] == 2
+    assert [p.stat().st_size for p in sorted(outside.iterdir())] == [0] * len(planted)  # nothing written outside
+    for link in planted:
+        assert link.is_file() and not link.is_symlink() and link.stat().st_size > 0, link

@@ -29,11 +29,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Optional
 
+from ..checkpoint import open_for_writing
 from ..errors import ConfigError
 
 __all__ = ["RunLock", "RunLockedError", "process_start_time"]
 
 LOCK_NAME = "run.lock"
+GUARD_NAME = ".run.lock.guard"
 #: Seconds an unreadable lock file is read again before the launch is refused (it never counts as stale).
 UNREADABLE_WAIT_S = 2.0
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -105,6 +107,7 @@ class RunLock:
         self.held = False
         self.nested = False
         self.took_over: Optional[dict[str, Any]] = None
+        self.created = False
 
     def _owner(self) -> dict[str, Any]:
         pid = os.getpid()
@@ -152,13 +155,19 @@ class RunLock:
         """
         if self.held:
             return self
-        self.dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + UNREADABLE_WAIT_S
         while True:
-            if self._create():
+            if not self.dir.is_dir():
+                self.dir.mkdir(parents=True, exist_ok=True)
+                self.created = True
+            try:
+                linked = self._create()
+            except FileNotFoundError:
+                continue  # another launch removed the empty folder it had created: make it again
+            if linked:
                 self.held = True
                 return self
-            with open(self.dir / ".run.lock.guard", "a+") as guard:
+            with os.fdopen(open_for_writing(self.dir / GUARD_NAME, append=True), "a") as guard:
                 fcntl.flock(guard.fileno(), fcntl.LOCK_EX)
                 owner = self._read()
                 if owner == {}:
@@ -197,13 +206,21 @@ class RunLock:
                              f"(run_name=... or hydra.run.dir=...){self.also}.")
 
     def release(self) -> None:
-        """Remove the lock file if this object holds it."""
+        """Remove the lock file if this object holds it, and the folder if :meth:`acquire` created it
+        and nothing but the lock's own files is left in it."""
         if self.held and not self.nested:
             if (self._read() or {}).get("pid") == os.getpid():
                 try:
                     self.path.unlink()
                 except FileNotFoundError:
                     pass
+            if self.created:
+                try:
+                    if [p.name for p in self.dir.iterdir()] == [GUARD_NAME]:
+                        (self.dir / GUARD_NAME).unlink()
+                        self.dir.rmdir()
+                except OSError:
+                    pass  # someone else is using the folder now: leave it
         self.held = False
 
     def __enter__(self) -> "RunLock":

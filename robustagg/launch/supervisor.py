@@ -24,6 +24,7 @@ Kill, then run the same command again: that is the resume path. The run director
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -177,10 +178,25 @@ def launch(job: Job, *, on_ready: Optional[Callable[[Job], None]] = None, quiet:
     if job.settings.mode == "processes" and env is not None:
         return run_torchrun(job, env, on_ready=on_ready, quiet=quiet) or {}
     what = " ".join(sys.argv)[:300]
-    with RunLock(job.run_dir, what=what):  # first: a second launch must not even read the folder
+    with run_locks(job, what):  # first: a second launch must not even read the folders
         job, attempt, message = prepare(job)
-        with RunLock(job.run_dir, what=what):  # the same lock, or the fresh folder's (resume=never)
+        with run_locks(job, what):  # the same locks, or the fresh folder's (resume=never)
             return _run_locked(job, attempt, message, on_ready=on_ready, quiet=quiet)
+
+
+@contextlib.contextmanager
+def run_locks(job: Job, what: str) -> Iterator[list[RunLock]]:
+    """Hold the locks of ``job``'s run directory and of its checkpoint folder (the same lock when
+    the folder is the run directory); a checkpoint folder shared by two run directories is
+    therefore used by one launch at a time.
+
+    Raises:
+        RunLockedError: either folder is in use by another launch (the message names which).
+    """
+    with contextlib.ExitStack() as stack:
+        locks = [stack.enter_context(RunLock(job.run_dir, what=what)),
+                 stack.enter_context(RunLock(job.ckpt_dir, what=what, label="checkpoint folder"))]
+        yield locks
 
 
 def _run_locked(job: Job, attempt: Attempt, message: str, *, on_ready: Optional[Callable[[Job], None]],
@@ -406,15 +422,22 @@ def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], N
         raise ConfigError(f"torchrun started {env.world_size} processes but the job has n={job.n} workers on "
                           f"{job.processes()} process(es) (trainer.processes={job.settings.processes}); start "
                           f"{job.processes()} in total across torchrun's nodes or set trainer.processes.")
-    lock: Optional[RunLock] = None
+    locks: Optional[contextlib.ExitStack] = None
     message = ""
     attempt = Attempt(number=restarts, resume=s.resume if restarts == 0 else "auto",
                       fallback=s.resume if s.resume not in ("auto", "never") else "")
     if env.rank == 0:
-        job, first, message = prepare(job, restarted=restarts > 0)
+        locks = contextlib.ExitStack()
+        what = f"torchrun rank 0 (restart {restarts})"
+        locks.enter_context(run_locks(job, what))  # before prepare reads the folders
+        try:
+            job, first, message = prepare(job, restarted=restarts > 0)
+            locks.enter_context(run_locks(job, what))  # the same locks, or the fresh folder's
+        except BaseException:
+            locks.close()
+            raise
         if restarts == 0:
             attempt = first
-        lock = RunLock(job.run_dir, what=f"torchrun rank 0 (restart {restarts})").acquire()
     timeout = float(s.collective_timeout_s)
     init_group(backend=s.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout))
     try:
@@ -440,8 +463,8 @@ def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], N
         return run_worker(job, comm, device, attempt)
     finally:
         destroy_group()
-        if lock is not None:
-            lock.release()
+        if locks is not None:
+            locks.close()
 
 
 def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:

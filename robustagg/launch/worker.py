@@ -48,7 +48,14 @@ def device_for(job: Job, local_rank: int) -> torch.device:
 def _needs_store(job: Job) -> bool:
     s = job.settings
     return bool(s.checkpoint_every > 0 or job.faults or s.max_restarts > 0 or s.resume not in ("auto", "never")
-                or s.on_failure == "shrink" or Path(job.ckpt_dir).is_dir())
+                or s.on_failure == "shrink" or _holds_files(Path(job.ckpt_dir)))
+
+
+def _holds_files(folder: Path) -> bool:
+    """``folder`` exists and holds more than the launch's own lock files (checkpoints, a lineage)."""
+    from .lock import GUARD_NAME, LOCK_NAME
+
+    return folder.is_dir() and any(p.name not in (LOCK_NAME, GUARD_NAME) for p in folder.iterdir())
 
 
 def run_worker(job: Job, comm: Communicator, device: torch.device,

@@ -57,14 +57,18 @@ class JsonlSink:
     so a resumed run never writes a step twice (e.g. the final evaluation of a run killed after it).
 
     Args:
-        path: the file (its parent is created); appended to if it exists.
+        path: the file (its parent is created); appended to if it exists. A symbolic link at
+            ``path`` is replaced by a regular file, never written through
+            (:func:`robustagg.checkpoint.open_for_writing`).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._seen = {(str(r.get("kind")), int(r.get("step", 0))) for r in _read_records(self.path)}
-        self._fh = open(self.path, "a", encoding="utf-8")
+        from ..checkpoint import open_for_writing
+
+        self._fh = os.fdopen(open_for_writing(self.path, append=True), "a", encoding="utf-8")  # no link followed
 
     def log(self, record: dict[str, Any], step: int) -> None:
         key = (str(record.get("kind")), int(record.get("step", step)))
