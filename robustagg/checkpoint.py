@@ -58,7 +58,7 @@ import torch
 from .errors import CheckpointError
 
 __all__ = ["FORMAT_VERSION", "KEY_ENV", "open_for_writing", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
-           "parse_state", "sha256_bytes", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
+           "parse_state", "parse_manifest", "sha256_bytes", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
            "CheckpointStore"]
 
 #: 2: files written by the trainer's Checkpointer carry their own identity (step, run id, workers).
@@ -67,9 +67,14 @@ FORMAT_VERSION = 2
 #: none is passed; unset or empty: no key (digests detect accidents only).
 KEY_ENV = "ROBUSTAGG_CHECKPOINT_KEY"
 MANIFEST = "manifest.json"
-_COMMITTED = re.compile(r"^step-\d{8}$")
-_STEP_IN_NAME = re.compile(r"^step-(\d{8})(?:\.rejected-\d+)?$")
-_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_COMMITTED = re.compile(r"step-[0-9]{8}", re.ASCII)  # used with fullmatch: no trailing newline, ASCII digits only
+#: What a candidate looks like (any Unicode digit, as ``\d`` matches): such a folder that is not
+#: :data:`_COMMITTED` is a candidate that verify rejects with the reason, not a silent stray.
+_LOOKS_COMMITTED = re.compile(r"step-\d{8}")
+_STEP_IN_NAME = re.compile(r"step-([0-9]{8})(?:\.rejected-[0-9]+)?", re.ASCII)
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+#: The largest ``manifest.json`` read (bytes): a bigger one is rejected unread.
+MAX_MANIFEST_BYTES = 16 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -192,18 +197,41 @@ def check_name(name: Any) -> Optional[str]:
         >>> check_name("rank-1.pt") is None, check_name("../../etc/passwd") is not None
         (True, True)
     """
-    if isinstance(name, str) and _PLAIN.match(name):
+    if isinstance(name, str) and _PLAIN.fullmatch(name):
         return None
     return (f"{name!r} is not a plain file name inside the checkpoint folder (no path separators, "
             "no '..', not absolute)")
 
 
-def _read_regular(folder: Path, name: str) -> bytes:
+def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
+    """The JSON object a ``manifest.json`` holds (untrusted bytes; ``where`` names it in errors).
+
+    Raises:
+        CheckpointError: not UTF-8, not JSON, nested too deeply to parse (a crafted
+            ``[[[[...]]]]``), or not a JSON object.
+    """
+    try:
+        manifest = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{where}: unreadable manifest ({exc})") from None
+    except RecursionError:
+        raise CheckpointError(f"{where}: unreadable manifest (nested too deeply to parse)") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{where}: unreadable manifest (not a JSON object)")
+    return manifest
+
+
+def _read_regular(folder: Path, name: str, size: Optional[int] = None, limit: Optional[int] = None) -> bytes:
     """The bytes of ``folder/name``, a regular file directly inside ``folder`` (no symlink followed).
+
+    Args:
+        size: the size the manifest records: a file of another size is refused before a byte is
+            read (a crafted 1 TiB sparse file is never loaded into memory).
+        limit: the largest size read when no ``size`` is known (the manifest itself).
 
     Raises:
         CheckpointError: the name is not plain, the entry is missing, a symlink, not a regular
-            file, or resolves outside ``folder``.
+            file, resolves outside ``folder``, or has another size than ``size`` (or above ``limit``).
     """
     where = f"{folder.name}/{name}"
     why = check_name(name)
@@ -225,9 +253,17 @@ def _read_regular(folder: Path, name: str) -> bytes:
     except OSError as exc:
         raise CheckpointError(f"{where}: cannot be opened ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"{where}: not a regular file")
-        return fh.read()
+        if size is not None and st.st_size != size:
+            raise CheckpointError(f"{where}: size {st.st_size} != {size}")
+        if limit is not None and st.st_size > limit:
+            raise CheckpointError(f"{where}: {st.st_size} bytes, more than the {limit} a {name} may have")
+        data = fh.read(st.st_size + 1)
+        if size is not None and len(data) != size:  # changed while being read
+            raise CheckpointError(f"{where}: size {len(data)} != {size}")
+        return data
 
 
 def _canonical(manifest: dict[str, Any]) -> bytes:
@@ -267,7 +303,7 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every JSON line of ``path`` (``[]`` when it does not exist; a torn last line is skipped)."""
+    """Every JSON line of ``path`` (``[]`` when it does not exist; a torn or unparseable line is skipped)."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -277,7 +313,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             out.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # torn, or nested too deeply to parse
             continue
     return out
 
@@ -340,8 +376,10 @@ class Checkpoint:
         """
         self.file(name)
         info = self.manifest["files"][name]
-        data = _read_regular(self.path, name)
-        if not isinstance(info, dict) or len(data) != info.get("size"):
+        if not isinstance(info, dict) or not isinstance(info.get("size"), int):
+            raise CheckpointError(f"{self.path.name}/{name}: the manifest records no int size")
+        data = _read_regular(self.path, name, size=info["size"])
+        if len(data) != info.get("size"):
             raise CheckpointError(f"{self.path.name}/{name}: size {len(data)} != {_get(info, 'size')}")
         if sha256_bytes(data) != info.get("sha256"):
             raise CheckpointError(f"{self.path.name}/{name}: SHA-256 mismatch")
@@ -456,8 +494,10 @@ class CheckpointStore:
         return Checkpoint(final, json.loads(json.dumps(manifest)))
 
     def _committed_dirs(self) -> list[Path]:
-        # symlinks are candidates too, so that verify refuses them with a reason and restore sets them aside
-        found = (p for p in self.root.glob("step-*") if _COMMITTED.match(p.name) and (p.is_dir() or p.is_symlink()))
+        # symlinks and names with non-ASCII digits are candidates too, so that verify refuses them
+        # with a reason and restore sets them aside
+        found = (p for p in self.root.glob("step-*")
+                 if _LOOKS_COMMITTED.fullmatch(p.name) and (p.is_dir() or p.is_symlink()))
         return sorted(found, key=lambda p: p.name, reverse=True)
 
     def candidates(self) -> list[Path]:
@@ -496,7 +536,7 @@ class CheckpointStore:
         Raises:
             CheckpointError: ``name`` is not a committed folder name (``step-NNNNNNNN``).
         """
-        if not _COMMITTED.match(name):
+        if not _COMMITTED.fullmatch(name):
             raise CheckpointError(f"LATEST must name a committed folder step-NNNNNNNN; got {name!r}.")
         atomic_write_bytes(self.root / "LATEST", (name + "\n").encode())
 
@@ -511,7 +551,7 @@ class CheckpointStore:
             return None
         name = path.read_text(errors="replace").strip()
         target = self.root / name
-        if not _COMMITTED.match(name) or target.is_symlink() or not target.is_dir():
+        if not _COMMITTED.fullmatch(name) or target.is_symlink() or not target.is_dir():
             return None
         return name
 
@@ -536,21 +576,17 @@ class CheckpointStore:
         if not path.is_dir():
             raise CheckpointError(f"{path.name}: not a folder")
         try:
-            data = _read_regular(path, MANIFEST)
+            data = _read_regular(path, MANIFEST, limit=MAX_MANIFEST_BYTES)
         except CheckpointError as exc:
             if str(exc).endswith(": missing"):
                 raise CheckpointError(f"{path.name}: no manifest (never committed)") from None
             raise
-        try:
-            manifest = json.loads(data.decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path.name}: unreadable manifest ({exc})") from None
-        if not isinstance(manifest, dict):
-            raise CheckpointError(f"{path.name}: unreadable manifest (not a JSON object)")
-        return manifest
+        return parse_manifest(data, path.name)
 
     def _manifest_problems(self, path: Path, manifest: dict[str, Any]) -> list[str]:
         where = path.name
+        if _LOOKS_COMMITTED.fullmatch(where) and not _COMMITTED.fullmatch(where):
+            return [f"{where}: the folder name is not step- followed by 8 ASCII digits (0-9)"]
         if manifest.get("format_version") != FORMAT_VERSION:
             return [f"{where}: format {manifest.get('format_version')} != {FORMAT_VERSION}"]
         if self.key:
@@ -563,7 +599,7 @@ class CheckpointStore:
         step = manifest.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             problems.append(f"{where}: manifest step {step!r} is not a non-negative int")
-        elif (m := _STEP_IN_NAME.match(where)) and int(m.group(1)) != step:
+        elif (m := _STEP_IN_NAME.fullmatch(where)) and int(m.group(1)) != step:
             problems.append(f"{where}: the manifest says step {step}, the folder name says {int(m.group(1))}")
         files = manifest.get("files")
         if not isinstance(files, dict):
@@ -619,7 +655,7 @@ class CheckpointStore:
                 problems.append(f"{path.name}/{name}: not in the manifest")
                 continue
             try:
-                data = _read_regular(path, name)
+                data = _read_regular(path, name, size=listed[name]["size"])  # the size first, unread
             except CheckpointError as exc:
                 problems.append(str(exc))
                 continue

@@ -6,6 +6,7 @@ sharing one checkpoint folder.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -138,3 +139,40 @@ def test_a_run_with_a_restart_writes_no_byte_through_links_planted_at_its_logs(t
     assert [p.stat().st_size for p in sorted(outside.iterdir())] == [0] * len(planted)  # nothing written outside
     for link in planted:
         assert link.is_file() and not link.is_symlink() and link.stat().st_size > 0, link
+
+
+# --- item 6: crafted checkpoint folders are rejections with a reason, and the run falls back ------
+def _nested(step: Path) -> str:
+    (step / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
+    return "nested too deeply"
+
+
+def _sparse(step: Path) -> str:
+    os.truncate(step / "rank-0.pt", 1 << 40)  # 1 TiB, sparse: reading it would exhaust the memory
+    return "size 1099511627776 != "
+
+
+def _arabic_indic(step: Path) -> str:
+    step.rename(step.with_name("step-" + "".join(chr(0x660 + int(c)) for c in step.name[5:])))
+    return "not step- followed by 8 ASCII digits"
+
+
+@pytest.mark.parametrize("craft", [_nested, _sparse, _arabic_indic])
+def test_a_crafted_checkpoint_is_rejected_with_its_reason_and_the_run_falls_back(tmp_path, craft):
+    from experiments.train import train
+    from robustagg.checkpoint import CheckpointStore
+    from robustagg.launch import check_resume
+
+    args = ["trainer.mode=simulated", "trainer.checkpoint.every=2", "trainer.checkpoint.keep=5"]
+    train(_cfg("trainer.steps=4", *args), out_dir=tmp_path, quiet=True)
+    ckpt = tmp_path / "checkpoints"
+    why = craft(ckpt / "step-00000004")
+    store = CheckpointStore(ckpt)
+    found, skipped = store.latest()
+    assert found is not None and found.step == 2 and any(why in s for s in skipped), skipped
+    fp = json.loads((ckpt / "step-00000002" / "manifest.json").read_text())["fingerprint"]
+    assert check_resume(ckpt, fp, record=False).step == 2
+    s = train(_cfg("trainer.steps=6", *args), out_dir=tmp_path, quiet=True)
+    assert s["resumed_from"] == 2 and s["steps"] == 6
+    restore = [r for r in s["lineage"] if r.get("event") == "restore"][-1]
+    assert any(why in x for x in restore["skipped"]), restore

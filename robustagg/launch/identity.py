@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 from ..checkpoint import CheckpointStore
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 __all__ = ["EXCLUDED", "INTRODUCED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
            "diff_fingerprints"]
@@ -143,14 +143,6 @@ class ResumeCheck:
     message: str = ""
 
 
-def _read_manifest(path: Path) -> Optional[dict[str, Any]]:
-    try:
-        data = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_changes: str = "refuse",
                  record: bool = True) -> ResumeCheck:
     """Before any process starts: find what ``resume=auto`` would continue, and refuse a mixed experiment.
@@ -186,11 +178,13 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
     chosen: Optional[tuple[Path, dict[str, Any]]] = None
     for path in candidates:
         problems = store.verify(path)
-        manifest = _read_manifest(path)
-        if not problems and manifest is not None:
-            chosen = (path, manifest)
-            break
-        result.rejected.append((path.name, "; ".join(problems) or "unreadable manifest"))
+        if not problems:
+            try:
+                chosen = (path, store.read_manifest(path))
+                break
+            except CheckpointError as exc:  # changed since verify read it
+                problems = [str(exc)]
+        result.rejected.append((path.name, "; ".join(problems)))
     if record:
         for name, why in result.rejected:
             store.append_lineage({"event": "rejected", "checkpoint": name, "reason": why, "by": "pre-launch check"})

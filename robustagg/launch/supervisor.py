@@ -39,7 +39,7 @@ import torch
 from ..checkpoint import CheckpointStore, read_jsonl
 from ..distributed import (EnvRank, LocalComm, ProcessGroupComm, WorkerFailedError, destroy_group, free_port,
                            from_environment, init_group, raise_on_sigterm, spawn)
-from ..errors import ConfigError, QuorumLostError
+from ..errors import CheckpointError, ConfigError, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import read_evidence
 from .identity import check_resume
@@ -133,9 +133,9 @@ def committed_membership(job: Job, checkpoint: Path) -> Job:
         AssumptionError: the rule's requirement fails for the committed membership (strict rules).
     """
     try:
-        manifest = json.loads((checkpoint / "manifest.json").read_text())
+        manifest = CheckpointStore(checkpoint.parent).read_manifest(checkpoint)
         members = [int(w) for w in manifest["identities"]]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (CheckpointError, ValueError, KeyError, TypeError):
         return job  # no membership recorded (older checkpoints): the configured one
     if members == list(job.identities):
         return job
