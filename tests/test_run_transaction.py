@@ -176,3 +176,37 @@ def test_a_crafted_checkpoint_is_rejected_with_its_reason_and_the_run_falls_back
     assert s["resumed_from"] == 2 and s["steps"] == 6
     restore = [r for r in s["lineage"] if r.get("event") == "restore"][-1]
     assert any(why in x for x in restore["skipped"]), restore
+
+
+# --- item 3: trainer.resume=PATH passes the same identity check as resume=auto, before launch ---------
+@pytest.mark.parametrize("change, key", [("optimizer.lr=0.5", "optimizer.lr: 0.1 (checkpoint) -> 0.5 (now)"),
+                                         ("threat.n=4", "threat.n: 3 (checkpoint) -> 4 (now)"),
+                                         ("aggregator=trimmed_mean", "aggregator._target_")])
+def test_an_explicit_resume_folder_of_another_experiment_is_refused_before_launch(tmp_path, change, key):
+    from experiments.train import train
+    from robustagg.errors import ConfigError
+
+    sim = ["trainer.mode=simulated", "trainer.checkpoint.every=2"]
+    train(_cfg("trainer.steps=4", *sim), out_dir=tmp_path / "a", quiet=True)
+    start = tmp_path / "a" / "checkpoints" / "step-00000004"
+    with pytest.raises(ConfigError, match="belongs to a different experiment") as err:
+        train(_cfg("trainer.steps=6", *sim, f"trainer.resume={start}", change), out_dir=tmp_path / "b", quiet=True)
+    assert key in str(err.value) and str(start) in str(err.value)
+    assert not (tmp_path / "b" / "metrics.jsonl").exists()  # refused before any worker started
+    s = train(_cfg("trainer.steps=6", *sim, f"trainer.resume={start}"), out_dir=tmp_path / "b", quiet=True)
+    assert s["resumed_from"] == 4 and s["steps"] == 6  # the same experiment continues
+
+
+def test_an_explicit_resume_folder_that_does_not_verify_is_refused_before_launch_with_the_reasons(tmp_path):
+    from experiments.train import train
+    from robustagg.errors import ConfigError
+
+    sim = ["trainer.mode=simulated", "trainer.checkpoint.every=2"]
+    train(_cfg("trainer.steps=4", *sim), out_dir=tmp_path / "a", quiet=True)
+    start = tmp_path / "a" / "checkpoints" / "step-00000004"
+    with open(start / "rank-0.pt", "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\xff\xfe")
+    with pytest.raises(ConfigError, match=r"(?s)does not verify.*rank-0\.pt: SHA-256 mismatch"):
+        train(_cfg("trainer.steps=6", *sim, f"trainer.resume={start}"), out_dir=tmp_path / "b", quiet=True)
+    assert not (tmp_path / "b" / "metrics.jsonl").exists()

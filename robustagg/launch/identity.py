@@ -23,7 +23,7 @@ from ..checkpoint import CheckpointStore
 from ..errors import CheckpointError, ConfigError
 
 __all__ = ["EXCLUDED", "INTRODUCED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
-           "diff_fingerprints"]
+           "check_resume_from", "diff_fingerprints"]
 
 #: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
 #: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings,
@@ -199,6 +199,53 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
         return result
     path, manifest = chosen
     result.checkpoint, result.step = path.name, int(manifest.get("step", 0))
+    _compare(result, path, manifest, current, resume_changes, store if record else None)
+    skipped = f" (skipped {len(result.rejected)} newer that did not verify)" if result.rejected else ""
+    changed = f"; continuing with {len(result.changes)} changed key(s), recorded" if result.changes else ""
+    result.message = (f"resume: found {path.name} in {root} (verified){skipped}; resuming from step "
+                      f"{result.step}{changed}")
+    return result
+
+
+def check_resume_from(folder: str | Path, current: Mapping[str, Any], *, resume_changes: str = "refuse",
+                      lineage: Optional[str | Path] = None) -> ResumeCheck:
+    """Before any process starts: the check of :func:`check_resume` for an explicit checkpoint
+    folder (``trainer.resume=PATH``): it must verify, and its experiment must be this one.
+
+    Args:
+        folder: the checkpoint folder to start from (e.g. ``<dir>/step-00000040``).
+        current: the fingerprint of the experiment about to run.
+        resume_changes: ``"refuse"`` or ``"allow"`` (the change is recorded in ``lineage``).
+        lineage: the run's own checkpoint folder, whose ``lineage.jsonl`` records an accepted
+            change (``None``: not recorded).
+
+    Returns:
+        a :class:`ResumeCheck` (``checkpoint`` is the folder's path).
+
+    Raises:
+        ConfigError: the folder does not verify (every reason listed), or its experiment differs
+            and changes are refused (every differing key with both values, and the fixes).
+    """
+    path = Path(folder)
+    store = CheckpointStore(path.parent)
+    problems = store.verify(path)
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise ConfigError(f"trainer.resume={str(folder)!r} does not verify, so the run cannot start from it:\n{lines}\n"
+                          f"Fix: restore the files, pass another checkpoint folder, or trainer.resume=auto / never.")
+    manifest = store.read_manifest(path)
+    result = ResumeCheck(checkpoint=str(path), step=int(manifest.get("step", 0)))
+    _compare(result, path, manifest, current, resume_changes, None if lineage is None else CheckpointStore(lineage))
+    changed = f"; continuing with {len(result.changes)} changed key(s), recorded" if result.changes else ""
+    result.message = f"resume: from {folder} (verified; the same experiment){changed}"
+    return result
+
+
+def _compare(result: ResumeCheck, path: Path, manifest: Mapping[str, Any], current: Mapping[str, Any],
+             resume_changes: str, record: Optional[CheckpointStore]) -> None:
+    """Fill ``result.changes`` from the manifest's fingerprint, or refuse a mixed experiment."""
+    if resume_changes not in ("refuse", "allow"):
+        raise ConfigError(f"trainer.resume_changes must be refuse or allow; got {resume_changes!r}.")
     old = manifest.get("fingerprint")
     if isinstance(old, dict):
         changes = diff_fingerprints(old, current)
@@ -208,16 +255,12 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
         changes = {}
     if changes and resume_changes != "allow":
         lines = "\n".join(f"  {k}: {a!r} (checkpoint) -> {b!r} (now)" for k, (a, b) in changes.items())
-        raise ConfigError(f"{root}/{path.name} belongs to a different experiment than this command; resuming would "
+        raise ConfigError(f"{path} belongs to a different experiment than this command; resuming would "
                           f"mix two experiments. Differing keys:\n{lines}\nFix: run the original command again "
                           f"(keys such as trainer.steps, logging and fault settings may change), start a new run "
                           f"(another run_name or hydra.run.dir), or pass trainer.resume_changes=allow to continue "
                           f"the changed experiment (the change is recorded in lineage.jsonl).")
     result.changes = changes
-    if changes and record:
-        store.append_lineage({"event": "experiment_changed", "checkpoint": path.name, "step": result.step,
-                              "changes": {k: [a, b] for k, (a, b) in changes.items()}})
-    skipped = f" (skipped {len(result.rejected)} newer that did not verify)" if result.rejected else ""
-    changed = f"; continuing with {len(changes)} changed key(s), recorded" if changes else ""
-    result.message = f"resume: found {path.name} in {root} (verified){skipped}; resuming from step {result.step}{changed}"
-    return result
+    if changes and record is not None:
+        record.append_lineage({"event": "experiment_changed", "checkpoint": path.name, "step": result.step,
+                               "changes": {k: [a, b] for k, (a, b) in changes.items()}})

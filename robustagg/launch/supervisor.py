@@ -42,7 +42,7 @@ from ..distributed import (EnvRank, LocalComm, ProcessGroupComm, WorkerFailedErr
 from ..errors import CheckpointError, ConfigError, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import read_evidence
-from .identity import check_resume
+from .identity import check_resume, check_resume_from
 from .job import Job, RunSettings, shrink_job
 from .lock import RunLock
 from .quorum import Membership, next_epoch
@@ -107,7 +107,10 @@ def prepare(job: Job, *, restarted: bool = False) -> tuple[Job, Attempt, str]:
         if not (Path(s.resume) / "manifest.json").is_file():
             raise ConfigError(f"trainer.resume={s.resume!r} is not a committed checkpoint folder (no manifest.json); "
                               "use auto, never, or a folder such as <dir>/step-00000040.")
-        return job, attempt, f"resume: from {s.resume} (verified by every rank before loading)"
+        found = check_resume_from(s.resume, job.fingerprint, resume_changes=s.resume_changes, lineage=ckpt)
+        if found.changes:
+            attempt.changes = {k: [a, b] for k, (a, b) in found.changes.items()}
+        return job, attempt, found.message + " (every rank verifies it again before loading)"
     if s.resume == "never":
         return job, attempt, "resume=never: starting at step 0"
     found = check_resume(ckpt, job.fingerprint, resume_changes=s.resume_changes)
