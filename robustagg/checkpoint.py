@@ -504,6 +504,11 @@ class CheckpointStore:
         """Folders that may hold a committed checkpoint, newest first (not yet verified)."""
         return self._committed_dirs()
 
+    def rejected(self) -> list[Path]:
+        """Checkpoint folders set aside by :meth:`reject` (``step-N.rejected-k``), newest first."""
+        found = (p for p in self.root.glob("step-*.rejected-*") if _STEP_IN_NAME.fullmatch(p.name))
+        return sorted(found, key=lambda p: p.name, reverse=True)
+
     def clean_staging(self) -> list[str]:
         """Remove every uncommitted ``step-N.tmp/`` folder (left by a crash mid-write); their names.
 

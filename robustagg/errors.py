@@ -50,6 +50,11 @@ class CheckpointError(RobustAggError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or of an incompatible format."""
 
 
+class NothingToRestoreError(CheckpointError):
+    """Committed checkpoints exist (or were set aside by an earlier start) and none loads on every
+    rank: the run stops rather than train from step 0 on top of them; a restart cannot help."""
+
+
 class QuorumLostError(RobustAggError, RuntimeError):
     """This side of the group holds no strict majority of the last committed membership.
 

@@ -210,3 +210,52 @@ def test_an_explicit_resume_folder_that_does_not_verify_is_refused_before_launch
     with pytest.raises(ConfigError, match=r"(?s)does not verify.*rank-0\.pt: SHA-256 mismatch"):
         train(_cfg("trainer.steps=6", *sim, f"trainer.resume={start}"), out_dir=tmp_path / "b", quiet=True)
     assert not (tmp_path / "b" / "metrics.jsonl").exists()
+
+
+# --- item 5: every checkpoint verifies by digest but none loads: refused, never a restart from 0 -------
+def _forge_every_checkpoint(ckpt: Path) -> None:
+    """Replace every checkpoint's rank-0.pt by a plain payload and fix its digest: each verifies, none loads."""
+    import torch
+
+    from robustagg.checkpoint import sha256_file
+
+    for step in sorted(ckpt.glob("step-????????")):
+        torch.save({"workers": {}}, step / "rank-0.pt")
+        m = json.loads((step / "manifest.json").read_text())
+        m["files"]["rank-0.pt"] = {"size": (step / "rank-0.pt").stat().st_size, "sha256": sha256_file(step / "rank-0.pt")}
+        (step / "manifest.json").write_text(json.dumps(m))
+
+
+def _train_steps(run: Path) -> list[int]:
+    from robustagg.checkpoint import read_jsonl
+
+    return [int(r["step"]) for r in read_jsonl(run / "metrics.jsonl") if r.get("kind") == "train"]
+
+
+def test_when_every_checkpoint_verifies_but_none_loads_the_run_refuses_and_lists_the_reasons(tmp_path):
+    from experiments.train import train
+    from robustagg.errors import RobustAggError
+
+    sim = ["trainer.mode=simulated", "trainer.checkpoint.every=2"]
+    train(_cfg("trainer.steps=4", *sim), out_dir=tmp_path, quiet=True)
+    _forge_every_checkpoint(tmp_path / "checkpoints")
+    with pytest.raises(RobustAggError, match=r"(?s)none of the 2 committed checkpoint\(s\).*step 4/rank-0.pt: carries no "
+                                             r"identity record.*step 2/rank-0.pt: carries no identity record"):
+        train(_cfg("trainer.steps=6", *sim), out_dir=tmp_path, quiet=True)
+    assert _train_steps(tmp_path) == [1, 2, 3, 4]  # not a step trained again from 0
+    # the same command again: the set-aside checkpoints are still no reason to start over from step 0
+    with pytest.raises(RobustAggError, match=r"(?s)set aside.*step-00000004\.rejected-1.*trainer\.resume=never"):
+        train(_cfg("trainer.steps=6", *sim), out_dir=tmp_path, quiet=True)
+
+
+@pytest.mark.slow
+def test_with_processes_and_restarts_a_run_whose_checkpoints_do_not_load_exits_2_and_says_why(tmp_path):
+    train_args = ["trainer.checkpoint.every=2", "hydra.run.dir=run"]
+    first = _cli(["trainer.mode=processes", "trainer.steps=4", *train_args], tmp_path)
+    assert first.wait(timeout=300) == 0, first.stderr.read()[-3000:]
+    _forge_every_checkpoint(tmp_path / "run" / "checkpoints")
+    p = _cli(["trainer.mode=processes", "trainer.steps=6", "trainer.max_restarts=2", *train_args], tmp_path)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 2 and "none of the 2 committed checkpoint(s)" in err, err[-3000:]
+    assert "carries no identity record" in err and "restart" not in err, err[-3000:]  # no futile restart
+    assert _train_steps(tmp_path / "run") == [1, 2, 3, 4]

@@ -163,7 +163,8 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
 
     Raises:
         ConfigError: ``resume_changes`` is neither value; every committed checkpoint is rejected
-            (the message lists each reason); or the experiment differs from the checkpoint's and
+            (the message lists each reason), or none is left but some were set aside by an earlier
+            start (``step-N.rejected-k``); or the experiment differs from the checkpoint's and
             changes are refused (the message lists every differing key, both values, and the fixes).
     """
     if resume_changes not in ("refuse", "allow"):
@@ -195,6 +196,14 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
                               f"resuming would silently start over on top of them:\n{lines}\nFix: restore the "
                               f"files, resume from a checkpoint elsewhere (trainer.resume=PATH), or start over in a "
                               f"new folder with trainer.resume=never (the old files are kept).")
+        aside = [p.name for p in store.rejected()]
+        if aside:
+            lines = "\n".join(f"  - {n}" for n in aside)
+            raise ConfigError(f"{root} holds no committed checkpoint, only {len(aside)} set aside by an earlier "
+                              f"start because they did not verify or load (reasons in {root / 'lineage.jsonl'}):\n"
+                              f"{lines}\nResuming would silently start over on top of them. Fix: restore the files, "
+                              f"resume from a checkpoint elsewhere (trainer.resume=PATH), or start over in a new "
+                              f"folder with trainer.resume=never (the old files are kept).")
         result.message = f"resume: no committed checkpoint in {root}; starting at step 0"
         return result
     path, manifest = chosen

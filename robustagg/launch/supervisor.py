@@ -54,6 +54,10 @@ __all__ = ["launch", "prepare", "read_summary", "run_simulated", "run_spawned", 
 log = logging.getLogger("robustagg.launch")
 
 
+#: Worker errors a restart cannot cure: the group is not restarted after them.
+_NOT_RESTARTED = ("NothingToRestoreError",)
+
+
 def _has_checkpoints(folder: Path) -> bool:
     return folder.is_dir() and any(p.is_dir() and p.name.startswith("step-") and "." not in p.name
                                    for p in folder.iterdir())
@@ -282,7 +286,7 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
             hosts = job.hosts() or tuple(range(job.n))
             lost = [job.identities[w] for w in range(job.n) if hosts[w] in exc.lost]
             last = last_step_reached(out)
-            more = attempt.number < int(s.max_restarts)
+            more = attempt.number < int(s.max_restarts) and exc.error_type not in _NOT_RESTARTED
             det = record_failure(out, attempt.number, lost=lost, message=str(exc), archive=more)
             if not more:
                 if attempt.number:
