@@ -259,3 +259,42 @@ def test_with_processes_and_restarts_a_run_whose_checkpoints_do_not_load_exits_2
     assert p.returncode == 2 and "none of the 2 committed checkpoint(s)" in err, err[-3000:]
     assert "carries no identity record" in err and "restart" not in err, err[-3000:]  # no futile restart
     assert _train_steps(tmp_path / "run") == [1, 2, 3, 4]
+
+
+# --- item 4: resume_changes=allow applies an optimizer change to the restored optimizer, or refuses ----
+def _groups(step: Path) -> list[dict]:
+    import torch
+
+    return torch.load(step / "replicated.pt", weights_only=True)["optimizer"]["param_groups"]
+
+
+@pytest.mark.parametrize("mode", ["simulated", "processes"])
+def test_an_allowed_learning_rate_change_is_what_the_resumed_steps_train_with(tmp_path, mode):
+    from experiments.train import train
+
+    args = [f"trainer.mode={mode}", "trainer.checkpoint.every=2", "optimizer=sgd", "optimizer.momentum=0.5"]
+    train(_cfg("trainer.steps=4", *args), out_dir=tmp_path / "a", quiet=True)
+    assert [g["lr"] for g in _groups(tmp_path / "a" / "checkpoints" / "step-00000004")] == [0.1]
+    s = train(_cfg("trainer.steps=6", *args, "optimizer.lr=0.5", "optimizer.momentum=0.9",
+                   "trainer.resume_changes=allow"), out_dir=tmp_path / "a", quiet=True)
+    assert s["resumed_from"] == 4
+    changed = [r for r in s["lineage"] if r.get("event") == "experiment_changed"]
+    assert changed[-1]["changes"] == {"optimizer.lr": [0.1, 0.5], "optimizer.momentum": [0.5, 0.9]}
+    groups = _groups(tmp_path / "a" / "checkpoints" / "step-00000006")
+    assert [(g["lr"], g["momentum"]) for g in groups] == [(0.5, 0.9)]  # what steps 5 and 6 trained with
+
+
+@pytest.mark.parametrize("change, why", [
+    (["optimizer=adam"], r"optimizer\._target_: .*cannot change on resume"),
+    (["scheduler=multistep", "optimizer.lr=0.5"], r"optimizer\.lr: 0\.1 -> 0\.5 cannot change on resume under scheduler"),
+])
+def test_an_allowed_change_that_cannot_reach_the_restored_optimizer_is_refused_before_launch(tmp_path, change, why):
+    from experiments.train import train
+    from robustagg.errors import ConfigError
+
+    base = ["trainer.mode=simulated", "trainer.checkpoint.every=2"]
+    first = [c for c in change if c.startswith("scheduler")]
+    train(_cfg("trainer.steps=4", *base, *first), out_dir=tmp_path, quiet=True)
+    with pytest.raises(ConfigError, match=why):
+        train(_cfg("trainer.steps=6", *base, *change, "trainer.resume_changes=allow"), out_dir=tmp_path, quiet=True)
+    assert _train_steps(tmp_path) == [1, 2, 3, 4]

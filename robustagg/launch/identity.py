@@ -23,7 +23,8 @@ from ..checkpoint import CheckpointStore
 from ..errors import CheckpointError, ConfigError
 
 __all__ = ["EXCLUDED", "INTRODUCED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
-           "check_resume_from", "diff_fingerprints"]
+           "check_resume_from", "diff_fingerprints", "OPTIMIZER_PREFIX", "FIXED_ON_RESUME", "optimizer_changes",
+           "unapplied_changes"]
 
 #: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
 #: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings,
@@ -105,6 +106,45 @@ INTRODUCED: dict[str, Any] = {
     "trainer.batched_gradients": False,                 # the per-worker gradient loop
     "trainer.membership": [],                           # no scheduled absences (issue 17's reference runs)
 }
+
+
+#: The prefix of the keys ``resume_changes="allow"`` applies to the restored optimizer: a changed
+#: ``optimizer.<name>`` sets ``<name>`` in every restored param group (``lr``, ``momentum``,
+#: ``weight_decay``, ``betas``, ...), since the restored optimizer state would otherwise overwrite it.
+OPTIMIZER_PREFIX = "optimizer."
+#: Keys that cannot change on resume, even allowed: the restored state belongs to the old value.
+FIXED_ON_RESUME: tuple[str, ...] = ("optimizer._target_", "optimizer._partial_")
+
+
+def optimizer_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``{param-group key: new value}`` of the allowed changes under :data:`OPTIMIZER_PREFIX`.
+
+    Args:
+        changes: ``{key: (checkpoint value, current value)}`` (:func:`diff_fingerprints`).
+
+    Example:
+        >>> optimizer_changes({"optimizer.lr": (0.1, 0.5), "seed": (0, 1)})
+        {'lr': 0.5}
+    """
+    return {k[len(OPTIMIZER_PREFIX):]: new for k, (_, new) in changes.items()
+            if k.startswith(OPTIMIZER_PREFIX) and k not in FIXED_ON_RESUME}
+
+
+def unapplied_changes(changes: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Why some allowed changes could not reach the restored run (``[]``: every one can).
+
+    ``optimizer._target_`` and ``optimizer._partial_`` cannot change (the restored optimizer state
+    is the old optimizer's); ``optimizer.lr`` cannot change under a learning-rate scheduler
+    (``scheduler._target_`` set): the restored scheduler keeps its own base rates and would
+    override the new value.
+    """
+    out = [f"{k}: {a!r} -> {b!r} cannot change on resume (the restored optimizer state belongs to {a!r})"
+           for k, (a, b) in changes.items() if k in FIXED_ON_RESUME]
+    if f"{OPTIMIZER_PREFIX}lr" in changes and current.get("scheduler._target_") not in (None, "", "None"):
+        a, b = changes[f"{OPTIMIZER_PREFIX}lr"]
+        out.append(f"optimizer.lr: {a!r} -> {b!r} cannot change on resume under scheduler "
+                   f"{current.get('scheduler._target_')!r} (the restored scheduler's base rates would override it)")
+    return out
 
 
 def diff_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -269,6 +309,12 @@ def _compare(result: ResumeCheck, path: Path, manifest: Mapping[str, Any], curre
                           f"(keys such as trainer.steps, logging and fault settings may change), start a new run "
                           f"(another run_name or hydra.run.dir), or pass trainer.resume_changes=allow to continue "
                           f"the changed experiment (the change is recorded in lineage.jsonl).")
+    stuck = unapplied_changes(changes, current) if changes else []
+    if stuck:
+        lines = "\n".join(f"  {w}" for w in stuck)
+        raise ConfigError(f"{path}: trainer.resume_changes=allow cannot continue with these changes:\n{lines}\n"
+                          f"Fix: start a new run (another run_name or hydra.run.dir) with the new values, or keep "
+                          f"the checkpoint's values.")
     result.changes = changes
     if changes and record is not None:
         record.append_lineage({"event": "experiment_changed", "checkpoint": path.name, "step": result.step,

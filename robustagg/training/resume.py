@@ -213,12 +213,14 @@ class Restored:
             outside the folder, a file of another step or run, a file that cannot be loaded, ...).
         record: the lineage record written (rank 0, when a checkpoint was loaded, this is a
             restart, or a candidate was skipped; ``{}`` otherwise).
+        manifest: the manifest of the checkpoint loaded (every rank; ``{}`` when none was).
     """
 
     step: int = 0
     checkpoint: Optional[str] = None
     skipped: list[str] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
 
 
 def _own_files(manifest: Mapping[str, Any], worker_ids: list[int]) -> list[str]:
@@ -411,7 +413,8 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
             skipped.extend(why or [f"{where.name}: rank(s) {bad} refused their files (see their logs)"])
             excluded.add(where.name)
             store.reject(where)
-    result = Restored(step=step, checkpoint=None if ck is None else ck.path.name, skipped=skipped)
+    result = Restored(step=step, checkpoint=None if ck is None else ck.path.name, skipped=skipped,
+                      manifest={} if ck is None else dict(ck.manifest))
     if main and (ck is not None or restart > 0 or skipped):
         if ck is not None and ck.path.parent == store.root:
             store.set_latest(ck.path.name)
