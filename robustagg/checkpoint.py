@@ -39,6 +39,7 @@ The directory must be visible to every rank (one machine, or a shared file syste
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -51,13 +52,13 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, StorageError
 
-__all__ = ["FORMAT_VERSION", "KEY_ENV", "open_for_writing", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
+__all__ = ["FORMAT_VERSION", "KEY_ENV", "STORAGE_ERRNOS", "storage_errors", "open_for_writing", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
            "parse_state", "parse_manifest", "sha256_bytes", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
            "CheckpointStore"]
 
@@ -91,6 +92,39 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: ``errno`` values that mean "this storage cannot take the write" (not a bug of the caller).
+STORAGE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO",
+                                                        "EFBIG") if hasattr(errno, n))
+
+
+@contextlib.contextmanager
+def storage_errors(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn an ``OSError`` of the storage (:data:`STORAGE_ERRNOS`) raised inside into a
+    :class:`~robustagg.errors.StorageError` whose one-line message names ``path`` and the cause.
+
+    A write to a full disk raises ``OSError(ENOSPC)`` with no file name; this names the file.
+
+    Example:
+        >>> import errno
+        >>> with storage_errors("/runs/x/metrics.jsonl"):  # doctest: +ELLIPSIS
+        ...     raise OSError(errno.ENOSPC, "No space left on device")
+        Traceback (most recent call last):
+        ...
+        robustagg.errors.StorageError: cannot write /runs/x/metrics.jsonl: No space left on device (ENOSPC); ...
+    """
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:
+            raise
+        code = errno.errorcode.get(exc.errno, str(exc.errno))
+        raise StorageError(f"cannot write {path}: {exc.strerror} ({code}); every file committed before is intact: "
+                           f"free space or make the folder writable, then run the same command again to resume",
+                           exc.errno) from None
+
+
 def open_for_writing(path: Path, *, append: bool = False) -> int:
     """Open ``path`` for writing without following a symbolic link: the one way a run file is opened.
 
@@ -108,9 +142,14 @@ def open_for_writing(path: Path, *, append: bool = False) -> int:
         a file descriptor open for writing (the caller closes it, e.g. with :func:`os.fdopen`).
 
     Raises:
-        OSError: the path exists and is not a regular file (a folder, a FIFO), or the folder
-            cannot be written (read-only, full disk).
+        StorageError: the folder cannot be written (read-only, full disk; :func:`storage_errors`).
+        OSError: the path exists and is not a regular file (a folder, a FIFO).
     """
+    with storage_errors(path):
+        return _open_for_writing(path, append)
+
+
+def _open_for_writing(path: Path, append: bool) -> int:
     flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC) | getattr(os, "O_NONBLOCK", 0)
     for _ in range(100):
         if os.path.islink(path):  # never write through a link someone planted at the name
@@ -134,13 +173,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     never through a symbolic link, :func:`open_for_writing`)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = open_for_writing(tmp)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    with storage_errors(path):
+        fd = open_for_writing(tmp)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a full disk leaves no partial temp file behind
+            raise
+        _fsync_dir(path.parent)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -295,11 +340,12 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     file, its target left alone.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with os.fdopen(open_for_writing(path, append=True), "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(open_for_writing(path, append=True), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -432,7 +478,8 @@ class CheckpointStore:
                                   f"Pass e.g. key=os.environ[{KEY_ENV!r}].encode().")
         else:
             self.key = bytes(self.key) or None  # b"": explicitly no key
-        self.root.mkdir(parents=True, exist_ok=True)
+        with storage_errors(self.root):
+            self.root.mkdir(parents=True, exist_ok=True)
 
     @staticmethod
     def name(step: int) -> str:
@@ -443,9 +490,10 @@ class CheckpointStore:
         """The temp folder ``step-N.tmp/`` every rank writes its files into (created, idempotent;
         a symbolic link planted at that name is removed first, never written through)."""
         path = self.root / (self.name(step) + ".tmp")
-        if path.is_symlink():
-            path.unlink()
-        path.mkdir(parents=True, exist_ok=True)
+        with storage_errors(path):
+            if path.is_symlink():
+                path.unlink()
+            path.mkdir(parents=True, exist_ok=True)
         return path
 
     def commit(self, step: int, meta: dict[str, Any], expected_files: list[str],
@@ -487,7 +535,8 @@ class CheckpointStore:
             final.unlink()
         elif final.exists():
             shutil.rmtree(final)
-        os.replace(staging, final)
+        with storage_errors(final):
+            os.replace(staging, final)
         _fsync_dir(self.root)
         atomic_write_bytes(self.root / "LATEST", (self.name(step) + "\n").encode())
         self._prune()

@@ -298,3 +298,47 @@ def test_an_allowed_change_that_cannot_reach_the_restored_optimizer_is_refused_b
     with pytest.raises(ConfigError, match=why):
         train(_cfg("trainer.steps=6", *base, *change, "trainer.resume_changes=allow"), out_dir=tmp_path, quiet=True)
     assert _train_steps(tmp_path) == [1, 2, 3, 4]
+
+
+# --- item 11: a read-only run folder or a full disk: one line naming the path and the cause, exit 2 ----
+def _mount_tmpfs(where: Path, size: str, *, read_only: bool = False) -> None:
+    """A small tmpfs at ``where`` (a full disk within a few writes), or a read-only one; skip where
+    this process may not mount (not root, or no mount in this container)."""
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs to mount a tmpfs (root)")
+    (where / "run").mkdir()
+    if read_only:
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+
+
+@pytest.fixture
+def mount_point(tmp_path):
+    where = tmp_path / "mnt"
+    yield where
+    if os.path.ismount(where):
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def _one_line_error(p: subprocess.Popen, err: str, *needles: str) -> None:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("mode", ["simulated", "processes"])
+def test_a_full_disk_ends_in_one_line_naming_the_path_and_exit_2(mount_point, tmp_path, mode):
+    _mount_tmpfs(mount_point, "400k")
+    p = _cli([f"trainer.mode={mode}", "trainer.steps=200", "trainer.checkpoint.every=2", "trainer.checkpoint.keep=50",
+              f"hydra.run.dir={mount_point / 'run'}"], tmp_path)
+    out, err = p.communicate(timeout=300)
+    _one_line_error(p, err, f"cannot write {mount_point / 'run'}", "No space left on device", "run the same command")
+
+
+def test_a_read_only_run_folder_ends_in_one_line_naming_the_path_and_exit_2(mount_point, tmp_path):
+    _mount_tmpfs(mount_point, "1m", read_only=True)
+    p = _cli(["trainer.steps=4", f"hydra.run.dir={mount_point / 'run'}"], tmp_path)
+    out, err = p.communicate(timeout=300)
+    _one_line_error(p, err, f"{mount_point / 'run'}", "Read-only file system")

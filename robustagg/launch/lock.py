@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Optional
 
-from ..checkpoint import open_for_writing
+from ..checkpoint import open_for_writing, storage_errors
 from ..errors import ConfigError
 
 __all__ = ["RunLock", "RunLockedError", "process_start_time"]
@@ -158,10 +158,12 @@ class RunLock:
         deadline = time.monotonic() + UNREADABLE_WAIT_S
         while True:
             if not self.dir.is_dir():
-                self.dir.mkdir(parents=True, exist_ok=True)
+                with storage_errors(self.dir):
+                    self.dir.mkdir(parents=True, exist_ok=True)
                 self.created = True
             try:
-                linked = self._create()
+                with storage_errors(self.path):  # a read-only folder or a full disk: one line, the path
+                    linked = self._create()
             except FileNotFoundError:
                 continue  # another launch removed the empty folder it had created: make it again
             if linked:

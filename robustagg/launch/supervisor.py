@@ -39,7 +39,7 @@ import torch
 from ..checkpoint import CheckpointStore, read_jsonl
 from ..distributed import (EnvRank, LocalComm, ProcessGroupComm, WorkerFailedError, destroy_group, free_port,
                            from_environment, init_group, raise_on_sigterm, spawn)
-from ..errors import CheckpointError, ConfigError, QuorumLostError
+from ..errors import CheckpointError, ConfigError, QuorumLostError, StorageError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import read_evidence
 from .identity import check_resume, check_resume_from
@@ -55,7 +55,15 @@ log = logging.getLogger("robustagg.launch")
 
 
 #: Worker errors a restart cannot cure: the group is not restarted after them.
-_NOT_RESTARTED = ("NothingToRestoreError",)
+_NOT_RESTARTED = ("NothingToRestoreError", "StorageError")
+
+
+def _root_message(exc: WorkerFailedError) -> str:
+    """The message of the worker exception that caused ``exc`` (its first line)."""
+    for rec in exc.failures:
+        if int(rec.get("rank", -1)) == exc.rank and rec.get("type") == exc.error_type:
+            return str(rec.get("message", "")).splitlines()[0] if rec.get("message") else str(exc)
+    return str(exc).splitlines()[0]
 
 
 def _has_checkpoints(folder: Path) -> bool:
@@ -287,8 +295,15 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
             lost = [job.identities[w] for w in range(job.n) if hosts[w] in exc.lost]
             last = last_step_reached(out)
             more = attempt.number < int(s.max_restarts) and exc.error_type not in _NOT_RESTARTED
-            det = record_failure(out, attempt.number, lost=lost, message=str(exc), archive=more)
+            try:
+                det = record_failure(out, attempt.number, lost=lost, message=str(exc), archive=more)
+            except StorageError:
+                if exc.error_type != "StorageError":
+                    raise
+                det = {}  # the disk is full or read-only: the worker's message names the file it could not write
             if not more:
+                if exc.error_type == "StorageError":  # the worker's one line (path and cause), not a traceback
+                    raise StorageError(_root_message(exc)) from None
                 if attempt.number:
                     raise WorkerFailedError(f"after {attempt.number} restart(s): {exc}", rank=exc.rank,
                                             error_type=exc.error_type, failures=exc.failures, lost=exc.lost,

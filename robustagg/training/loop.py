@@ -75,19 +75,37 @@ class JsonlSink:
         if key in self._seen:
             return
         self._seen.add(key)
-        self._fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}, allow_nan=False) + "\n")
-        self._fh.flush()
+        with storage_errors(self.path):
+            self._fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}, allow_nan=False) + "\n")
+            self._fh.flush()
 
     def sync(self) -> None:
-        """Make every record written so far durable (fsync); called before a checkpoint commits."""
+        """Make every record written so far durable (fsync); called before a checkpoint commits.
+
+        Raises:
+            StorageError: the disk is full or the file cannot be written (naming the file).
+        """
         if not self._fh.closed:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            with storage_errors(self.path):
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         if not self._fh.closed:
-            self.sync()
-            self._fh.close()
+            try:
+                self.sync()
+            finally:
+                try:
+                    self._fh.close()
+                except OSError:
+                    pass  # the buffer could not be written: sync already said why
+
+
+def storage_errors(path: Path) -> Any:
+    """:func:`robustagg.checkpoint.storage_errors` (imported late: the checkpoint module imports torch)."""
+    from ..checkpoint import storage_errors as convert
+
+    return convert(path)
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
