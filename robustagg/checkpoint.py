@@ -119,7 +119,7 @@ def storage_errors(path: str | os.PathLike[str]) -> Iterator[None]:
     except OSError as exc:
         if exc.errno not in STORAGE_ERRNOS:
             raise
-        code = errno.errorcode.get(exc.errno, str(exc.errno))
+        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         raise StorageError(f"cannot write {path}: {exc.strerror} ({code}); every file committed before is intact: "
                            f"free space or make the folder writable, then run the same command again to resume",
                            exc.errno) from None

@@ -284,7 +284,7 @@ def check_resume_from(folder: str | Path, current: Mapping[str, Any], *, resume_
                           f"Fix: restore the files, pass another checkpoint folder, or trainer.resume=auto / never.")
     manifest = store.read_manifest(path)
     result = ResumeCheck(checkpoint=str(path), step=int(manifest.get("step", 0)))
-    _compare(result, path, manifest, current, resume_changes, None if lineage is None else CheckpointStore(lineage))
+    _compare(result, path, manifest, current, resume_changes, None if lineage is None else CheckpointStore(Path(lineage)))
     changed = f"; continuing with {len(result.changes)} changed key(s), recorded" if result.changes else ""
     result.message = f"resume: from {folder} (verified; the same experiment){changed}"
     return result
