@@ -28,6 +28,7 @@ def _wait_for(paths: list[Path], seconds: float = 120.0) -> None:
 
 
 # --- item 1: the run lock is written whole, then linked into place ---------------------------------
+@pytest.mark.slow
 def test_two_processes_racing_for_one_lock_never_both_hold_it(tmp_path):
     trials = 150
     racers = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "lock_racer.py"), str(tmp_path), name,
@@ -268,7 +269,7 @@ def _groups(step: Path) -> list[dict]:
     return torch.load(step / "replicated.pt", weights_only=True)["optimizer"]["param_groups"]
 
 
-@pytest.mark.parametrize("mode", ["simulated", "processes"])
+@pytest.mark.parametrize("mode", ["simulated", pytest.param("processes", marks=pytest.mark.slow)])
 def test_an_allowed_learning_rate_change_is_what_the_resumed_steps_train_with(tmp_path, mode):
     from experiments.train import train
 
@@ -328,7 +329,7 @@ def _one_line_error(p: subprocess.Popen, err: str, *needles: str) -> None:
         assert needle in lines[0], (needle, lines[0])
 
 
-@pytest.mark.parametrize("mode", ["simulated", "processes"])
+@pytest.mark.parametrize("mode", ["simulated", pytest.param("processes", marks=pytest.mark.slow)])
 def test_a_full_disk_ends_in_one_line_naming_the_path_and_exit_2(mount_point, tmp_path, mode):
     _mount_tmpfs(mount_point, "400k")
     p = _cli([f"trainer.mode={mode}", "trainer.steps=200", "trainer.checkpoint.every=2", "trainer.checkpoint.keep=50",
