@@ -393,6 +393,34 @@ def run_name_problem(name: str) -> str:
     return ""
 
 
+def run_dir_problem(args: list[str]) -> str:
+    """Why the run directory the command line ``args`` asks for cannot be written, or ``""``.
+
+    Checked before Hydra starts (Hydra writes its own files there first, and a read-only folder
+    would end in its traceback): the folder of ``hydra.run.dir=``, ``out_dir=`` or
+    ``outputs/<run_name>`` (default ``outputs/``), or the nearest folder above it that exists,
+    must take a file. A sweep (``-m``) is not checked here.
+    """
+    import os
+    import tempfile
+
+    if any(a in ("-m", "--multirun") for a in args):
+        return ""
+    given = {k: v for k, _, v in (a.partition("=") for a in args if "=" in a)}
+    where = Path(given.get("hydra.run.dir") or given.get("out_dir") or
+                 (os.path.join("outputs", given["run_name"]) if given.get("run_name") else "outputs"))
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        return (f"cannot write the run directory {where}: {exc.strerror} ({probe} does not take a file). Fix: make "
+                f"it writable or free space, or choose another folder (hydra.run.dir=..., out_dir=... or run_name=...).")
+    return ""
+
+
 def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:
     """The run directory Hydra creates (``hydra.run.dir: ${ra_run_dir:${out_dir},${run_name}}``).
 

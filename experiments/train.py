@@ -257,7 +257,7 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    from .config import check_group_choices, check_setting_keys, run_name_problem
+    from .config import check_group_choices, check_setting_keys, run_dir_problem, run_name_problem
 
     try:
         check_group_choices(sys.argv[1:])  # faults=[crashh]: name the options before Hydra composes
@@ -267,6 +267,10 @@ if __name__ == "__main__":
                 from robustagg.errors import ConfigError
 
                 raise ConfigError(run_name_problem(arg.partition("=")[2]))
+        if run_dir_problem(sys.argv[1:]):  # a read-only folder or a full disk: before Hydra writes there
+            from robustagg.errors import StorageError
+
+            raise StorageError(run_dir_problem(sys.argv[1:]))
     except RobustAggError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

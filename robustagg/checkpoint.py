@@ -39,6 +39,8 @@ The directory must be visible to every rank (one machine, or a shared file syste
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import hmac
 import io
@@ -50,14 +52,14 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, StorageError
 
-__all__ = ["FORMAT_VERSION", "KEY_ENV", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
-           "parse_state", "sha256_bytes", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
+__all__ = ["FORMAT_VERSION", "KEY_ENV", "STORAGE_ERRNOS", "storage_errors", "open_for_writing", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
+           "parse_state", "parse_manifest", "sha256_bytes", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
            "CheckpointStore"]
 
 #: 2: files written by the trainer's Checkpointer carry their own identity (step, run id, workers).
@@ -66,9 +68,14 @@ FORMAT_VERSION = 2
 #: none is passed; unset or empty: no key (digests detect accidents only).
 KEY_ENV = "ROBUSTAGG_CHECKPOINT_KEY"
 MANIFEST = "manifest.json"
-_COMMITTED = re.compile(r"^step-\d{8}$")
-_STEP_IN_NAME = re.compile(r"^step-(\d{8})(?:\.rejected-\d+)?$")
-_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_COMMITTED = re.compile(r"step-[0-9]{8}", re.ASCII)  # used with fullmatch: no trailing newline, ASCII digits only
+#: What a candidate looks like (any Unicode digit, as ``\d`` matches): such a folder that is not
+#: :data:`_COMMITTED` is a candidate that verify rejects with the reason, not a silent stray.
+_LOOKS_COMMITTED = re.compile(r"step-\d{8}")
+_STEP_IN_NAME = re.compile(r"step-([0-9]{8})(?:\.rejected-[0-9]+)?", re.ASCII)
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+#: The largest ``manifest.json`` read (bytes): a bigger one is rejected unread.
+MAX_MANIFEST_BYTES = 16 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -85,19 +92,100 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: ``errno`` values that mean "this storage cannot take the write" (not a bug of the caller).
+STORAGE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "EIO",
+                                                        "EFBIG") if hasattr(errno, n))
+
+
+@contextlib.contextmanager
+def storage_errors(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn an ``OSError`` of the storage (:data:`STORAGE_ERRNOS`) raised inside into a
+    :class:`~robustagg.errors.StorageError` whose one-line message names ``path`` and the cause.
+
+    A write to a full disk raises ``OSError(ENOSPC)`` with no file name; this names the file.
+
+    Example:
+        >>> import errno
+        >>> with storage_errors("/runs/x/metrics.jsonl"):  # doctest: +ELLIPSIS
+        ...     raise OSError(errno.ENOSPC, "No space left on device")
+        Traceback (most recent call last):
+        ...
+        robustagg.errors.StorageError: cannot write /runs/x/metrics.jsonl: No space left on device (ENOSPC); ...
+    """
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:
+            raise
+        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        raise StorageError(f"cannot write {path}: {exc.strerror} ({code}); every file committed before is intact: "
+                           f"free space or make the folder writable, then run the same command again to resume",
+                           exc.errno) from None
+
+
+def open_for_writing(path: Path, *, append: bool = False) -> int:
+    """Open ``path`` for writing without following a symbolic link: the one way a run file is opened.
+
+    A symbolic link planted at ``path`` is removed first (its target is left alone) and a regular
+    file created in its place; ``O_NOFOLLOW`` then refuses a link planted in between, and the
+    open is retried. Every file the run writes goes through here: whole files through
+    :func:`atomic_write_bytes` (its temp file), appended logs (``lineage.jsonl``, ``faults.jsonl``,
+    ``detections.jsonl``) through :func:`append_jsonl`, ``metrics.jsonl`` through
+    :class:`~robustagg.training.JsonlSink`, the run lock's files.
+
+    Args:
+        path: the file. append: ``O_APPEND`` (keep what it holds) instead of ``O_TRUNC``.
+
+    Returns:
+        a file descriptor open for writing (the caller closes it, e.g. with :func:`os.fdopen`).
+
+    Raises:
+        StorageError: the folder cannot be written (read-only, full disk; :func:`storage_errors`).
+        OSError: the path exists and is not a regular file (a folder, a FIFO).
+    """
+    with storage_errors(path):
+        return _open_for_writing(path, append)
+
+
+def _open_for_writing(path: Path, append: bool) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | _NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC) | getattr(os, "O_NONBLOCK", 0)
+    for _ in range(100):
+        if os.path.islink(path):  # never write through a link someone planted at the name
+            os.unlink(path)
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                continue  # a link appeared between the check and the open: remove it again
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return fd
+    raise OSError(errno.ELOOP, "a symbolic link keeps being planted at this name", str(path))
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, rename (never half-written)."""
+    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, rename (never half-written;
+    never through a symbolic link, :func:`open_for_writing`)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if tmp.is_symlink():  # never write through a link someone planted at the temp name
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    with storage_errors(path):
+        fd = open_for_writing(tmp)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a full disk leaves no partial temp file behind
+            raise
+        _fsync_dir(path.parent)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -154,18 +242,41 @@ def check_name(name: Any) -> Optional[str]:
         >>> check_name("rank-1.pt") is None, check_name("../../etc/passwd") is not None
         (True, True)
     """
-    if isinstance(name, str) and _PLAIN.match(name):
+    if isinstance(name, str) and _PLAIN.fullmatch(name):
         return None
     return (f"{name!r} is not a plain file name inside the checkpoint folder (no path separators, "
             "no '..', not absolute)")
 
 
-def _read_regular(folder: Path, name: str) -> bytes:
+def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
+    """The JSON object a ``manifest.json`` holds (untrusted bytes; ``where`` names it in errors).
+
+    Raises:
+        CheckpointError: not UTF-8, not JSON, nested too deeply to parse (a crafted
+            ``[[[[...]]]]``), or not a JSON object.
+    """
+    try:
+        manifest = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{where}: unreadable manifest ({exc})") from None
+    except RecursionError:
+        raise CheckpointError(f"{where}: unreadable manifest (nested too deeply to parse)") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{where}: unreadable manifest (not a JSON object)")
+    return manifest
+
+
+def _read_regular(folder: Path, name: str, size: Optional[int] = None, limit: Optional[int] = None) -> bytes:
     """The bytes of ``folder/name``, a regular file directly inside ``folder`` (no symlink followed).
+
+    Args:
+        size: the size the manifest records: a file of another size is refused before a byte is
+            read (a crafted 1 TiB sparse file is never loaded into memory).
+        limit: the largest size read when no ``size`` is known (the manifest itself).
 
     Raises:
         CheckpointError: the name is not plain, the entry is missing, a symlink, not a regular
-            file, or resolves outside ``folder``.
+            file, resolves outside ``folder``, or has another size than ``size`` (or above ``limit``).
     """
     where = f"{folder.name}/{name}"
     why = check_name(name)
@@ -187,9 +298,17 @@ def _read_regular(folder: Path, name: str) -> bytes:
     except OSError as exc:
         raise CheckpointError(f"{where}: cannot be opened ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"{where}: not a regular file")
-        return fh.read()
+        if size is not None and st.st_size != size:
+            raise CheckpointError(f"{where}: size {st.st_size} != {size}")
+        if limit is not None and st.st_size > limit:
+            raise CheckpointError(f"{where}: {st.st_size} bytes, more than the {limit} a {name} may have")
+        data = fh.read(st.st_size + 1)
+        if size is not None and len(data) != size:  # changed while being read
+            raise CheckpointError(f"{where}: size {len(data)} != {size}")
+        return data
 
 
 def _canonical(manifest: dict[str, Any]) -> bytes:
@@ -216,18 +335,21 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON object as a line to ``path`` (created if missing) and fsync it.
 
     A line is appended with one ``write`` call on a file opened for appending, so concurrent
-    appenders on one machine do not interleave within a line.
+    appenders on one machine do not interleave within a line. The file is opened without following
+    a symbolic link (:func:`open_for_writing`): a link planted at ``path`` is replaced by a regular
+    file, its target left alone.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(open_for_writing(path, append=True), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every JSON line of ``path`` (``[]`` when it does not exist; a torn last line is skipped)."""
+    """Every JSON line of ``path`` (``[]`` when it does not exist; a torn or unparseable line is skipped)."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -237,7 +359,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             out.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # torn, or nested too deeply to parse
             continue
     return out
 
@@ -300,8 +422,10 @@ class Checkpoint:
         """
         self.file(name)
         info = self.manifest["files"][name]
-        data = _read_regular(self.path, name)
-        if not isinstance(info, dict) or len(data) != info.get("size"):
+        if not isinstance(info, dict) or not isinstance(info.get("size"), int):
+            raise CheckpointError(f"{self.path.name}/{name}: the manifest records no int size")
+        data = _read_regular(self.path, name, size=info["size"])
+        if len(data) != info.get("size"):
             raise CheckpointError(f"{self.path.name}/{name}: size {len(data)} != {_get(info, 'size')}")
         if sha256_bytes(data) != info.get("sha256"):
             raise CheckpointError(f"{self.path.name}/{name}: SHA-256 mismatch")
@@ -354,7 +478,8 @@ class CheckpointStore:
                                   f"Pass e.g. key=os.environ[{KEY_ENV!r}].encode().")
         else:
             self.key = bytes(self.key) or None  # b"": explicitly no key
-        self.root.mkdir(parents=True, exist_ok=True)
+        with storage_errors(self.root):
+            self.root.mkdir(parents=True, exist_ok=True)
 
     @staticmethod
     def name(step: int) -> str:
@@ -365,9 +490,10 @@ class CheckpointStore:
         """The temp folder ``step-N.tmp/`` every rank writes its files into (created, idempotent;
         a symbolic link planted at that name is removed first, never written through)."""
         path = self.root / (self.name(step) + ".tmp")
-        if path.is_symlink():
-            path.unlink()
-        path.mkdir(parents=True, exist_ok=True)
+        with storage_errors(path):
+            if path.is_symlink():
+                path.unlink()
+            path.mkdir(parents=True, exist_ok=True)
         return path
 
     def commit(self, step: int, meta: dict[str, Any], expected_files: list[str],
@@ -409,20 +535,28 @@ class CheckpointStore:
             final.unlink()
         elif final.exists():
             shutil.rmtree(final)
-        os.replace(staging, final)
+        with storage_errors(final):
+            os.replace(staging, final)
         _fsync_dir(self.root)
         atomic_write_bytes(self.root / "LATEST", (self.name(step) + "\n").encode())
         self._prune()
         return Checkpoint(final, json.loads(json.dumps(manifest)))
 
     def _committed_dirs(self) -> list[Path]:
-        # symlinks are candidates too, so that verify refuses them with a reason and restore sets them aside
-        found = (p for p in self.root.glob("step-*") if _COMMITTED.match(p.name) and (p.is_dir() or p.is_symlink()))
+        # symlinks and names with non-ASCII digits are candidates too, so that verify refuses them
+        # with a reason and restore sets them aside
+        found = (p for p in self.root.glob("step-*")
+                 if _LOOKS_COMMITTED.fullmatch(p.name) and (p.is_dir() or p.is_symlink()))
         return sorted(found, key=lambda p: p.name, reverse=True)
 
     def candidates(self) -> list[Path]:
         """Folders that may hold a committed checkpoint, newest first (not yet verified)."""
         return self._committed_dirs()
+
+    def rejected(self) -> list[Path]:
+        """Checkpoint folders set aside by :meth:`reject` (``step-N.rejected-k``), newest first."""
+        found = (p for p in self.root.glob("step-*.rejected-*") if _STEP_IN_NAME.fullmatch(p.name))
+        return sorted(found, key=lambda p: p.name, reverse=True)
 
     def clean_staging(self) -> list[str]:
         """Remove every uncommitted ``step-N.tmp/`` folder (left by a crash mid-write); their names.
@@ -456,7 +590,7 @@ class CheckpointStore:
         Raises:
             CheckpointError: ``name`` is not a committed folder name (``step-NNNNNNNN``).
         """
-        if not _COMMITTED.match(name):
+        if not _COMMITTED.fullmatch(name):
             raise CheckpointError(f"LATEST must name a committed folder step-NNNNNNNN; got {name!r}.")
         atomic_write_bytes(self.root / "LATEST", (name + "\n").encode())
 
@@ -471,7 +605,7 @@ class CheckpointStore:
             return None
         name = path.read_text(errors="replace").strip()
         target = self.root / name
-        if not _COMMITTED.match(name) or target.is_symlink() or not target.is_dir():
+        if not _COMMITTED.fullmatch(name) or target.is_symlink() or not target.is_dir():
             return None
         return name
 
@@ -496,21 +630,17 @@ class CheckpointStore:
         if not path.is_dir():
             raise CheckpointError(f"{path.name}: not a folder")
         try:
-            data = _read_regular(path, MANIFEST)
+            data = _read_regular(path, MANIFEST, limit=MAX_MANIFEST_BYTES)
         except CheckpointError as exc:
             if str(exc).endswith(": missing"):
                 raise CheckpointError(f"{path.name}: no manifest (never committed)") from None
             raise
-        try:
-            manifest = json.loads(data.decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path.name}: unreadable manifest ({exc})") from None
-        if not isinstance(manifest, dict):
-            raise CheckpointError(f"{path.name}: unreadable manifest (not a JSON object)")
-        return manifest
+        return parse_manifest(data, path.name)
 
     def _manifest_problems(self, path: Path, manifest: dict[str, Any]) -> list[str]:
         where = path.name
+        if _LOOKS_COMMITTED.fullmatch(where) and not _COMMITTED.fullmatch(where):
+            return [f"{where}: the folder name is not step- followed by 8 ASCII digits (0-9)"]
         if manifest.get("format_version") != FORMAT_VERSION:
             return [f"{where}: format {manifest.get('format_version')} != {FORMAT_VERSION}"]
         if self.key:
@@ -523,7 +653,7 @@ class CheckpointStore:
         step = manifest.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             problems.append(f"{where}: manifest step {step!r} is not a non-negative int")
-        elif (m := _STEP_IN_NAME.match(where)) and int(m.group(1)) != step:
+        elif (m := _STEP_IN_NAME.fullmatch(where)) and int(m.group(1)) != step:
             problems.append(f"{where}: the manifest says step {step}, the folder name says {int(m.group(1))}")
         files = manifest.get("files")
         if not isinstance(files, dict):
@@ -579,7 +709,7 @@ class CheckpointStore:
                 problems.append(f"{path.name}/{name}: not in the manifest")
                 continue
             try:
-                data = _read_regular(path, name)
+                data = _read_regular(path, name, size=listed[name]["size"])  # the size first, unread
             except CheckpointError as exc:
                 problems.append(str(exc))
                 continue

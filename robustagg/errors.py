@@ -50,6 +50,30 @@ class CheckpointError(RobustAggError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or of an incompatible format."""
 
 
+class NothingToRestoreError(CheckpointError):
+    """Committed checkpoints exist (or were set aside by an earlier start) and none loads on every
+    rank: the run stops rather than train from step 0 on top of them; a restart cannot help."""
+
+
+class StorageError(RobustAggError, OSError):
+    """A run file could not be written: a read-only folder, a full disk, a quota, an I/O error.
+
+    The message is one line naming the path and the cause; what was committed before is intact
+    (every file is written whole or not at all), so the same command resumes once it can write.
+
+    Args:
+        message: the line. code: the ``errno`` of the underlying ``OSError`` (``errno``), or ``None``.
+    """
+
+    def __init__(self, message: str, code: "int | None" = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.errno = code  # type: ignore[misc]
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class QuorumLostError(RobustAggError, RuntimeError):
     """This side of the group holds no strict majority of the last committed membership.
 

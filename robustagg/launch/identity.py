@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 from ..checkpoint import CheckpointStore
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 __all__ = ["EXCLUDED", "INTRODUCED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
-           "diff_fingerprints"]
+           "check_resume_from", "diff_fingerprints", "OPTIMIZER_PREFIX", "FIXED_ON_RESUME", "optimizer_changes",
+           "unapplied_changes"]
 
 #: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
 #: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings,
@@ -107,6 +108,45 @@ INTRODUCED: dict[str, Any] = {
 }
 
 
+#: The prefix of the keys ``resume_changes="allow"`` applies to the restored optimizer: a changed
+#: ``optimizer.<name>`` sets ``<name>`` in every restored param group (``lr``, ``momentum``,
+#: ``weight_decay``, ``betas``, ...), since the restored optimizer state would otherwise overwrite it.
+OPTIMIZER_PREFIX = "optimizer."
+#: Keys that cannot change on resume, even allowed: the restored state belongs to the old value.
+FIXED_ON_RESUME: tuple[str, ...] = ("optimizer._target_", "optimizer._partial_")
+
+
+def optimizer_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``{param-group key: new value}`` of the allowed changes under :data:`OPTIMIZER_PREFIX`.
+
+    Args:
+        changes: ``{key: (checkpoint value, current value)}`` (:func:`diff_fingerprints`).
+
+    Example:
+        >>> optimizer_changes({"optimizer.lr": (0.1, 0.5), "seed": (0, 1)})
+        {'lr': 0.5}
+    """
+    return {k[len(OPTIMIZER_PREFIX):]: new for k, (_, new) in changes.items()
+            if k.startswith(OPTIMIZER_PREFIX) and k not in FIXED_ON_RESUME}
+
+
+def unapplied_changes(changes: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Why some allowed changes could not reach the restored run (``[]``: every one can).
+
+    ``optimizer._target_`` and ``optimizer._partial_`` cannot change (the restored optimizer state
+    is the old optimizer's); ``optimizer.lr`` cannot change under a learning-rate scheduler
+    (``scheduler._target_`` set): the restored scheduler keeps its own base rates and would
+    override the new value.
+    """
+    out = [f"{k}: {a!r} -> {b!r} cannot change on resume (the restored optimizer state belongs to {a!r})"
+           for k, (a, b) in changes.items() if k in FIXED_ON_RESUME]
+    if f"{OPTIMIZER_PREFIX}lr" in changes and current.get("scheduler._target_") not in (None, "", "None"):
+        a, b = changes[f"{OPTIMIZER_PREFIX}lr"]
+        out.append(f"optimizer.lr: {a!r} -> {b!r} cannot change on resume under scheduler "
+                   f"{current.get('scheduler._target_')!r} (the restored scheduler's base rates would override it)")
+    return out
+
+
 def diff_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (checkpoint value, current value)}`` for every key whose values differ (missing: ``"<absent>"``).
 
@@ -143,14 +183,6 @@ class ResumeCheck:
     message: str = ""
 
 
-def _read_manifest(path: Path) -> Optional[dict[str, Any]]:
-    try:
-        data = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_changes: str = "refuse",
                  record: bool = True) -> ResumeCheck:
     """Before any process starts: find what ``resume=auto`` would continue, and refuse a mixed experiment.
@@ -171,7 +203,8 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
 
     Raises:
         ConfigError: ``resume_changes`` is neither value; every committed checkpoint is rejected
-            (the message lists each reason); or the experiment differs from the checkpoint's and
+            (the message lists each reason), or none is left but some were set aside by an earlier
+            start (``step-N.rejected-k``); or the experiment differs from the checkpoint's and
             changes are refused (the message lists every differing key, both values, and the fixes).
     """
     if resume_changes not in ("refuse", "allow"):
@@ -186,11 +219,13 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
     chosen: Optional[tuple[Path, dict[str, Any]]] = None
     for path in candidates:
         problems = store.verify(path)
-        manifest = _read_manifest(path)
-        if not problems and manifest is not None:
-            chosen = (path, manifest)
-            break
-        result.rejected.append((path.name, "; ".join(problems) or "unreadable manifest"))
+        if not problems:
+            try:
+                chosen = (path, store.read_manifest(path))
+                break
+            except CheckpointError as exc:  # changed since verify read it
+                problems = [str(exc)]
+        result.rejected.append((path.name, "; ".join(problems)))
     if record:
         for name, why in result.rejected:
             store.append_lineage({"event": "rejected", "checkpoint": name, "reason": why, "by": "pre-launch check"})
@@ -201,10 +236,65 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
                               f"resuming would silently start over on top of them:\n{lines}\nFix: restore the "
                               f"files, resume from a checkpoint elsewhere (trainer.resume=PATH), or start over in a "
                               f"new folder with trainer.resume=never (the old files are kept).")
+        aside = [p.name for p in store.rejected()]
+        if aside:
+            lines = "\n".join(f"  - {n}" for n in aside)
+            raise ConfigError(f"{root} holds no committed checkpoint, only {len(aside)} set aside by an earlier "
+                              f"start because they did not verify or load (reasons in {root / 'lineage.jsonl'}):\n"
+                              f"{lines}\nResuming would silently start over on top of them. Fix: restore the files, "
+                              f"resume from a checkpoint elsewhere (trainer.resume=PATH), or start over in a new "
+                              f"folder with trainer.resume=never (the old files are kept).")
         result.message = f"resume: no committed checkpoint in {root}; starting at step 0"
         return result
     path, manifest = chosen
     result.checkpoint, result.step = path.name, int(manifest.get("step", 0))
+    _compare(result, path, manifest, current, resume_changes, store if record else None)
+    skipped = f" (skipped {len(result.rejected)} newer that did not verify)" if result.rejected else ""
+    changed = f"; continuing with {len(result.changes)} changed key(s), recorded" if result.changes else ""
+    result.message = (f"resume: found {path.name} in {root} (verified){skipped}; resuming from step "
+                      f"{result.step}{changed}")
+    return result
+
+
+def check_resume_from(folder: str | Path, current: Mapping[str, Any], *, resume_changes: str = "refuse",
+                      lineage: Optional[str | Path] = None) -> ResumeCheck:
+    """Before any process starts: the check of :func:`check_resume` for an explicit checkpoint
+    folder (``trainer.resume=PATH``): it must verify, and its experiment must be this one.
+
+    Args:
+        folder: the checkpoint folder to start from (e.g. ``<dir>/step-00000040``).
+        current: the fingerprint of the experiment about to run.
+        resume_changes: ``"refuse"`` or ``"allow"`` (the change is recorded in ``lineage``).
+        lineage: the run's own checkpoint folder, whose ``lineage.jsonl`` records an accepted
+            change (``None``: not recorded).
+
+    Returns:
+        a :class:`ResumeCheck` (``checkpoint`` is the folder's path).
+
+    Raises:
+        ConfigError: the folder does not verify (every reason listed), or its experiment differs
+            and changes are refused (every differing key with both values, and the fixes).
+    """
+    path = Path(folder)
+    store = CheckpointStore(path.parent)
+    problems = store.verify(path)
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise ConfigError(f"trainer.resume={str(folder)!r} does not verify, so the run cannot start from it:\n{lines}\n"
+                          f"Fix: restore the files, pass another checkpoint folder, or trainer.resume=auto / never.")
+    manifest = store.read_manifest(path)
+    result = ResumeCheck(checkpoint=str(path), step=int(manifest.get("step", 0)))
+    _compare(result, path, manifest, current, resume_changes, None if lineage is None else CheckpointStore(Path(lineage)))
+    changed = f"; continuing with {len(result.changes)} changed key(s), recorded" if result.changes else ""
+    result.message = f"resume: from {folder} (verified; the same experiment){changed}"
+    return result
+
+
+def _compare(result: ResumeCheck, path: Path, manifest: Mapping[str, Any], current: Mapping[str, Any],
+             resume_changes: str, record: Optional[CheckpointStore]) -> None:
+    """Fill ``result.changes`` from the manifest's fingerprint, or refuse a mixed experiment."""
+    if resume_changes not in ("refuse", "allow"):
+        raise ConfigError(f"trainer.resume_changes must be refuse or allow; got {resume_changes!r}.")
     old = manifest.get("fingerprint")
     if isinstance(old, dict):
         changes = diff_fingerprints(old, current)
@@ -214,16 +304,18 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
         changes = {}
     if changes and resume_changes != "allow":
         lines = "\n".join(f"  {k}: {a!r} (checkpoint) -> {b!r} (now)" for k, (a, b) in changes.items())
-        raise ConfigError(f"{root}/{path.name} belongs to a different experiment than this command; resuming would "
+        raise ConfigError(f"{path} belongs to a different experiment than this command; resuming would "
                           f"mix two experiments. Differing keys:\n{lines}\nFix: run the original command again "
                           f"(keys such as trainer.steps, logging and fault settings may change), start a new run "
                           f"(another run_name or hydra.run.dir), or pass trainer.resume_changes=allow to continue "
                           f"the changed experiment (the change is recorded in lineage.jsonl).")
+    stuck = unapplied_changes(changes, current) if changes else []
+    if stuck:
+        lines = "\n".join(f"  {w}" for w in stuck)
+        raise ConfigError(f"{path}: trainer.resume_changes=allow cannot continue with these changes:\n{lines}\n"
+                          f"Fix: start a new run (another run_name or hydra.run.dir) with the new values, or keep "
+                          f"the checkpoint's values.")
     result.changes = changes
-    if changes and record:
-        store.append_lineage({"event": "experiment_changed", "checkpoint": path.name, "step": result.step,
-                              "changes": {k: [a, b] for k, (a, b) in changes.items()}})
-    skipped = f" (skipped {len(result.rejected)} newer that did not verify)" if result.rejected else ""
-    changed = f"; continuing with {len(changes)} changed key(s), recorded" if changes else ""
-    result.message = f"resume: found {path.name} in {root} (verified){skipped}; resuming from step {result.step}{changed}"
-    return result
+    if changes and record is not None:
+        record.append_lineage({"event": "experiment_changed", "checkpoint": path.name, "step": result.step,
+                               "changes": {k: [a, b] for k, (a, b) in changes.items()}})

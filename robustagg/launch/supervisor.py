@@ -24,6 +24,7 @@ Kill, then run the same command again: that is the resume path. The run director
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,17 +32,17 @@ import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from ..checkpoint import CheckpointStore, read_jsonl
 from ..distributed import (EnvRank, LocalComm, ProcessGroupComm, WorkerFailedError, destroy_group, free_port,
                            from_environment, init_group, raise_on_sigterm, spawn)
-from ..errors import ConfigError, QuorumLostError
+from ..errors import CheckpointError, ConfigError, QuorumLostError, StorageError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import read_evidence
-from .identity import check_resume
+from .identity import check_resume, check_resume_from
 from .job import Job, RunSettings, shrink_job
 from .lock import RunLock
 from .quorum import Membership, next_epoch
@@ -51,6 +52,18 @@ from .worker import device_for, run_joiner, run_worker
 __all__ = ["launch", "prepare", "read_summary", "run_simulated", "run_spawned", "run_torchrun", "spawned_entry"]
 
 log = logging.getLogger("robustagg.launch")
+
+
+#: Worker errors a restart cannot cure: the group is not restarted after them.
+_NOT_RESTARTED = ("NothingToRestoreError", "StorageError")
+
+
+def _root_message(exc: WorkerFailedError) -> str:
+    """The message of the worker exception that caused ``exc`` (its first line)."""
+    for rec in exc.failures:
+        if int(rec.get("rank", -1)) == exc.rank and rec.get("type") == exc.error_type:
+            return str(rec.get("message", "")).splitlines()[0] if rec.get("message") else str(exc)
+    return str(exc).splitlines()[0]
 
 
 def _has_checkpoints(folder: Path) -> bool:
@@ -106,7 +119,10 @@ def prepare(job: Job, *, restarted: bool = False) -> tuple[Job, Attempt, str]:
         if not (Path(s.resume) / "manifest.json").is_file():
             raise ConfigError(f"trainer.resume={s.resume!r} is not a committed checkpoint folder (no manifest.json); "
                               "use auto, never, or a folder such as <dir>/step-00000040.")
-        return job, attempt, f"resume: from {s.resume} (verified by every rank before loading)"
+        found = check_resume_from(s.resume, job.fingerprint, resume_changes=s.resume_changes, lineage=ckpt)
+        if found.changes:
+            attempt.changes = {k: [a, b] for k, (a, b) in found.changes.items()}
+        return job, attempt, found.message + " (every rank verifies it again before loading)"
     if s.resume == "never":
         return job, attempt, "resume=never: starting at step 0"
     found = check_resume(ckpt, job.fingerprint, resume_changes=s.resume_changes)
@@ -132,9 +148,9 @@ def committed_membership(job: Job, checkpoint: Path) -> Job:
         AssumptionError: the rule's requirement fails for the committed membership (strict rules).
     """
     try:
-        manifest = json.loads((checkpoint / "manifest.json").read_text())
+        manifest = CheckpointStore(checkpoint.parent).read_manifest(checkpoint)
         members = [int(w) for w in manifest["identities"]]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (CheckpointError, ValueError, KeyError, TypeError):
         return job  # no membership recorded (older checkpoints): the configured one
     if members == list(job.identities):
         return job
@@ -177,10 +193,25 @@ def launch(job: Job, *, on_ready: Optional[Callable[[Job], None]] = None, quiet:
     if job.settings.mode == "processes" and env is not None:
         return run_torchrun(job, env, on_ready=on_ready, quiet=quiet) or {}
     what = " ".join(sys.argv)[:300]
-    with RunLock(job.run_dir, what=what):  # first: a second launch must not even read the folder
+    with run_locks(job, what):  # first: a second launch must not even read the folders
         job, attempt, message = prepare(job)
-        with RunLock(job.run_dir, what=what):  # the same lock, or the fresh folder's (resume=never)
+        with run_locks(job, what):  # the same locks, or the fresh folder's (resume=never)
             return _run_locked(job, attempt, message, on_ready=on_ready, quiet=quiet)
+
+
+@contextlib.contextmanager
+def run_locks(job: Job, what: str) -> Iterator[list[RunLock]]:
+    """Hold the locks of ``job``'s run directory and of its checkpoint folder (the same lock when
+    the folder is the run directory); a checkpoint folder shared by two run directories is
+    therefore used by one launch at a time.
+
+    Raises:
+        RunLockedError: either folder is in use by another launch (the message names which).
+    """
+    with contextlib.ExitStack() as stack:
+        locks = [stack.enter_context(RunLock(job.run_dir, what=what)),
+                 stack.enter_context(RunLock(job.ckpt_dir, what=what, label="checkpoint folder"))]
+        yield locks
 
 
 def _run_locked(job: Job, attempt: Attempt, message: str, *, on_ready: Optional[Callable[[Job], None]],
@@ -263,9 +294,16 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
             hosts = job.hosts() or tuple(range(job.n))
             lost = [job.identities[w] for w in range(job.n) if hosts[w] in exc.lost]
             last = last_step_reached(out)
-            more = attempt.number < int(s.max_restarts)
-            det = record_failure(out, attempt.number, lost=lost, message=str(exc), archive=more)
+            more = attempt.number < int(s.max_restarts) and exc.error_type not in _NOT_RESTARTED
+            try:
+                det = record_failure(out, attempt.number, lost=lost, message=str(exc), archive=more)
+            except StorageError:
+                if exc.error_type != "StorageError":
+                    raise
+                det = {}  # the disk is full or read-only: the worker's message names the file it could not write
             if not more:
+                if exc.error_type == "StorageError":  # the worker's one line (path and cause), not a traceback
+                    raise StorageError(_root_message(exc)) from None
                 if attempt.number:
                     raise WorkerFailedError(f"after {attempt.number} restart(s): {exc}", rank=exc.rank,
                                             error_type=exc.error_type, failures=exc.failures, lost=exc.lost,
@@ -406,15 +444,22 @@ def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], N
         raise ConfigError(f"torchrun started {env.world_size} processes but the job has n={job.n} workers on "
                           f"{job.processes()} process(es) (trainer.processes={job.settings.processes}); start "
                           f"{job.processes()} in total across torchrun's nodes or set trainer.processes.")
-    lock: Optional[RunLock] = None
+    locks: Optional[contextlib.ExitStack] = None
     message = ""
     attempt = Attempt(number=restarts, resume=s.resume if restarts == 0 else "auto",
                       fallback=s.resume if s.resume not in ("auto", "never") else "")
     if env.rank == 0:
-        job, first, message = prepare(job, restarted=restarts > 0)
+        locks = contextlib.ExitStack()
+        what = f"torchrun rank 0 (restart {restarts})"
+        locks.enter_context(run_locks(job, what))  # before prepare reads the folders
+        try:
+            job, first, message = prepare(job, restarted=restarts > 0)
+            locks.enter_context(run_locks(job, what))  # the same locks, or the fresh folder's
+        except BaseException:
+            locks.close()
+            raise
         if restarts == 0:
             attempt = first
-        lock = RunLock(job.run_dir, what=f"torchrun rank 0 (restart {restarts})").acquire()
     timeout = float(s.collective_timeout_s)
     init_group(backend=s.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout))
     try:
@@ -440,8 +485,8 @@ def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], N
         return run_worker(job, comm, device, attempt)
     finally:
         destroy_group()
-        if lock is not None:
-            lock.release()
+        if locks is not None:
+            locks.close()
 
 
 def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:

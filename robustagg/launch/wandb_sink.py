@@ -62,8 +62,10 @@ class WandbSink:
             return {}
 
     def _write(self, *, sync: bool = False) -> None:
+        from ..checkpoint import open_for_writing
+
         tmp = self._state.with_name(f".{self._state.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as fh:
+        with os.fdopen(open_for_writing(tmp), "w") as fh:  # never through a link planted at the temp name
             json.dump({"id": self.run_id, "last_step": self.last_step}, fh)
             if sync:
                 fh.flush()

@@ -27,6 +27,7 @@ from ..training.faults import PartitionedError, fired_faults
 from ..training.resume import FAULT_LOG
 from .grow import (GrowWatch, Regroup, form_group, gather_reports, install_grow, join_when_admitted, mark_done,
                    next_group, own_state_from_disk, receive_state, send_state, share_peer_copies, wait_for_epoch)
+from .identity import diff_fingerprints, optimizer_changes
 from .job import Job, WorkerContext, grow_job, shrink_job
 from .peer import PeerMemory, absent_records, choose_own_state, committed_record
 from .quorum import Membership, fmt_members
@@ -48,7 +49,14 @@ def device_for(job: Job, local_rank: int) -> torch.device:
 def _needs_store(job: Job) -> bool:
     s = job.settings
     return bool(s.checkpoint_every > 0 or job.faults or s.max_restarts > 0 or s.resume not in ("auto", "never")
-                or s.on_failure == "shrink" or Path(job.ckpt_dir).is_dir())
+                or s.on_failure == "shrink" or _holds_files(Path(job.ckpt_dir)))
+
+
+def _holds_files(folder: Path) -> bool:
+    """``folder`` exists and holds more than the launch's own lock files (checkpoints, a lineage)."""
+    from .lock import GUARD_NAME, LOCK_NAME
+
+    return folder.is_dir() and any(p.name not in (LOCK_NAME, GUARD_NAME) for p in folder.iterdir())
 
 
 def run_worker(job: Job, comm: Communicator, device: torch.device,
@@ -133,6 +141,30 @@ def _checkpointer(job: Job, attempt: Attempt, store: Optional[CheckpointStore], 
     return Checkpointer(store, every=int(s.checkpoint_every), meta=meta, injector=injector, parent=parent, guard=guard)
 
 
+def _apply_allowed_changes(job: Job, trainer: Trainer, built: list[dict[str, Any]], manifest: dict[str, Any]) -> None:
+    """``resume_changes=allow``: set every changed ``optimizer.<name>`` in the restored param groups
+    to the value this run's optimizer was built with (the restored state would keep the old one).
+
+    Raises:
+        ConfigError: a changed ``optimizer.<name>`` is not a key of the optimizer's param groups.
+    """
+    old = manifest.get("fingerprint")
+    if not isinstance(old, dict) or not job.fingerprint:
+        return
+    wanted = optimizer_changes(diff_fingerprints(old, job.fingerprint))
+    groups = trainer.optimizer.param_groups
+    for name in wanted:
+        if len(built) != len(groups) or any(name not in g for g in built):
+            raise ConfigError(f"optimizer.{name} changed (trainer.resume_changes=allow) but the optimizer's param "
+                              f"groups have no {name!r}, so the change cannot reach the restored optimizer; start "
+                              f"a new run with the new value instead.")
+        for g, b in zip(groups, built):
+            g[name] = b[name]
+    if wanted and trainer.comm.is_main:
+        log.warning("resume_changes=allow: the restored optimizer now trains with %s",
+                    ", ".join(f"optimizer.{k}={v!r}" for k, v in wanted.items()))
+
+
 def run_joiner(job: Job, device: torch.device, attempt: Attempt, joiner: dict[str, Any]) -> Optional[dict[str, Any]]:
     """A replacement for a lost worker (``trainer.rejoin``): join the running group, then train with it.
 
@@ -182,9 +214,12 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
             restored = Restored(step=trainer.step_id)
         elif store is not None:
             lineage_extra = {"experiment_changes": attempt.changes} if attempt.changes else None
+            built = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
             restored = restore(trainer, store, request=attempt.resume, fallback=attempt.fallback or None,
                                restart=attempt.number, reason=attempt.reason, last_step=attempt.last_step,
                                extra=lineage_extra)
+            if s.resume_changes == "allow":
+                _apply_allowed_changes(job, trainer, built, restored.manifest)
             if comm.is_main and attempt.shrink is not None:
                 store.append_lineage({**attempt.shrink, "step": restored.step, "restart": attempt.number})
         if comm.is_main and joiner is None:

@@ -25,8 +25,18 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
 
     Returns:
         ``Path(path)``.
+
+    Raises:
+        StorageError: the folder cannot be written (read-only, full disk), naming ``path``.
     """
+    from ..checkpoint import storage_errors
+
     dest = Path(path)
+    with storage_errors(dest):
+        return _atomic_write(dest, write)
+
+
+def _atomic_write(dest: Path, write: Callable[[str], None]) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)

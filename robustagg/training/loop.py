@@ -57,33 +57,55 @@ class JsonlSink:
     so a resumed run never writes a step twice (e.g. the final evaluation of a run killed after it).
 
     Args:
-        path: the file (its parent is created); appended to if it exists.
+        path: the file (its parent is created); appended to if it exists. A symbolic link at
+            ``path`` is replaced by a regular file, never written through
+            (:func:`robustagg.checkpoint.open_for_writing`).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._seen = {(str(r.get("kind")), int(r.get("step", 0))) for r in _read_records(self.path)}
-        self._fh = open(self.path, "a", encoding="utf-8")
+        from ..checkpoint import open_for_writing
+
+        self._fh = os.fdopen(open_for_writing(self.path, append=True), "a", encoding="utf-8")  # no link followed
 
     def log(self, record: dict[str, Any], step: int) -> None:
         key = (str(record.get("kind")), int(record.get("step", step)))
         if key in self._seen:
             return
         self._seen.add(key)
-        self._fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}, allow_nan=False) + "\n")
-        self._fh.flush()
+        with storage_errors(self.path):
+            self._fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}, allow_nan=False) + "\n")
+            self._fh.flush()
 
     def sync(self) -> None:
-        """Make every record written so far durable (fsync); called before a checkpoint commits."""
+        """Make every record written so far durable (fsync); called before a checkpoint commits.
+
+        Raises:
+            StorageError: the disk is full or the file cannot be written (naming the file).
+        """
         if not self._fh.closed:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            with storage_errors(self.path):
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         if not self._fh.closed:
-            self.sync()
-            self._fh.close()
+            try:
+                self.sync()
+            finally:
+                try:
+                    self._fh.close()
+                except OSError:
+                    pass  # the buffer could not be written: sync already said why
+
+
+def storage_errors(path: Path) -> Any:
+    """:func:`robustagg.checkpoint.storage_errors` (imported late: the checkpoint module imports torch)."""
+    from ..checkpoint import storage_errors as convert
+
+    return convert(path)
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from ..checkpoint import Checkpoint, CheckpointStore, read_jsonl, save_state
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NothingToRestoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .faults import FaultInjector
@@ -56,7 +56,7 @@ __all__ = ["Checkpointer", "Restored", "restore", "FAULT_LOG", "REPLICATED", "ID
 FAULT_LOG = "faults.jsonl"
 #: The file holding the state every rank shares (written by rank 0).
 REPLICATED = "replicated.pt"
-_NONE, _EXPLICIT = -1, -2
+_NONE, _EXPLICIT, _REFUSE = -1, -2, -3
 
 
 #: Key of the identity record every file written by :class:`Checkpointer` carries inside it.
@@ -213,12 +213,14 @@ class Restored:
             outside the folder, a file of another step or run, a file that cannot be loaded, ...).
         record: the lineage record written (rank 0, when a checkpoint was loaded, this is a
             restart, or a candidate was skipped; ``{}`` otherwise).
+        manifest: the manifest of the checkpoint loaded (every rank; ``{}`` when none was).
     """
 
     step: int = 0
     checkpoint: Optional[str] = None
     skipped: list[str] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
 
 
 def _own_files(manifest: Mapping[str, Any], worker_ids: list[int]) -> list[str]:
@@ -285,6 +287,24 @@ def _diagnose(ck: Checkpoint) -> list[str]:
     return out
 
 
+def _nothing_loads(store: CheckpointStore, skipped: list[str], tried: int) -> str:
+    """Rank 0's refusal when committed checkpoints exist but none loads (a lineage record too)."""
+    aside = [p.name for p in store.rejected()]
+    if tried:
+        store.append_lineage({"event": "refused", "time": time.time(), "reason": "no committed checkpoint loads",
+                              "skipped": skipped})
+        head = (f"none of the {tried} committed checkpoint(s) in {store.root} loads, so training would silently "
+                f"start over from step 0 on top of them:")
+        lines = "".join(f"\n  - {s}" for s in skipped)
+    else:
+        head = (f"{store.root} holds no committed checkpoint that loads, only checkpoints set aside by an "
+                f"earlier start (reasons in {store.root / 'lineage.jsonl'}):")
+        lines = "".join(f"\n  - {n}" for n in aside)
+    return (f"{head}{lines}\nThey were set aside as step-N.rejected-k/. Fix: restore the files, resume from a "
+            f"checkpoint elsewhere (trainer.resume=PATH), or start over in a new folder with trainer.resume=never "
+            f"(the old files are kept).")
+
+
 def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto", fallback: Optional[str] = None,
             restart: int = 0, reason: str = "", last_step: Optional[int] = None,
             extra: Optional[Mapping[str, Any]] = None) -> Restored:
@@ -317,7 +337,10 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
 
     Raises:
         CheckpointError: an explicit path (``request`` or ``fallback``) is rejected on some rank
-            (the message gives this rank's reasons).
+            (the message gives this rank's reasons); or, with ``"auto"``, committed checkpoints
+            exist (or were set aside by an earlier start) and none loads on every rank: the run
+            stops with every reason rather than train from step 0 on top of them
+            (:class:`~robustagg.errors.NothingToRestoreError`).
         CollectiveError: a rank failed during the protocol.
     """
     started = time.time()
@@ -340,7 +363,14 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
                     proposal = int(path.name.split("-")[1])
                 elif fallback:
                     proposal, explicit = _EXPLICIT, str(fallback)
+                elif excluded or store.rejected():
+                    proposal = _REFUSE  # checkpoints exist and none loads: never a silent start from 0
         choice = comm.vote(proposal, op="restore-choose")[0]
+        if choice == _REFUSE:
+            if main:
+                raise NothingToRestoreError(_nothing_loads(store, skipped, len(excluded)))
+            comm.vote(0, op="restore-refused")  # rank 0 raises the reason first; this waits until it is gone
+            raise NothingToRestoreError("rank 0 found no committed checkpoint that loads (its message lists why)")
         if choice == _NONE:
             ck, step = None, 0
             break
@@ -383,7 +413,8 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
             skipped.extend(why or [f"{where.name}: rank(s) {bad} refused their files (see their logs)"])
             excluded.add(where.name)
             store.reject(where)
-    result = Restored(step=step, checkpoint=None if ck is None else ck.path.name, skipped=skipped)
+    result = Restored(step=step, checkpoint=None if ck is None else ck.path.name, skipped=skipped,
+                      manifest={} if ck is None else dict(ck.manifest))
     if main and (ck is not None or restart > 0 or skipped):
         if ck is not None and ck.path.parent == store.root:
             store.set_latest(ck.path.name)
