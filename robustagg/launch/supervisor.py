@@ -255,9 +255,10 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
     while True:
         port = int(s.port) or free_port(addr)
         try:
-            spawn(spawned_entry, job.processes() + len(attempt.joiners), args=(job, f"tcp://{addr}:{port}", attempt), start_method=method,
-                  preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"),
-                  grace_seconds=2.0 if members is None else _QUORUM_GRACE_S)
+            spawn(spawned_entry, job.processes() + len(attempt.joiners), args=(job, f"tcp://{addr}:{port}", attempt),
+                  start_method=method, preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"),
+                  grace_seconds=2.0 if members is None else _QUORUM_GRACE_S,
+                  members=job.processes())  # the joiners (after them) vote on a stop only once admitted
             break
         except WorkerFailedError as exc:
             hosts = job.hosts() or tuple(range(job.n))

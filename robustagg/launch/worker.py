@@ -253,8 +253,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                 restored = Restored(step=trainer.step_id, checkpoint=None)
         main = comm.is_main
         if membership is not None and main:
-            for e in range(int((attempt.membership or {}).get("epoch", membership[1])), membership[1] + 1):
-                mark_done(membership[0], e)  # a joiner still waiting under any of them may exit
+            _release_joiners(membership, attempt)
         if not main:
             return None
         summary = result.to_dict()
@@ -287,6 +286,11 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
         if wandb_sink is not None:
             wandb_sink.failed = True
         if isinstance(exc, (KeyboardInterrupt, Interrupted)):  # a requested stop is not a failure
+            if membership is not None and comm.is_main:
+                try:
+                    _release_joiners(membership, attempt)  # a replacement still waiting to join may leave now
+                except Exception as mark_exc:  # the stop must still be reported as a stop
+                    log.warning("could not tell waiting replacements that the run stopped: %s", mark_exc)
             raise
         decision, lost_quorum = _decide_membership(job, membership, injector, ids, trainer, exc)
         try:
@@ -421,6 +425,13 @@ def _refuse_unplaced(reports: list[dict[str, Any]]) -> None:
     if bad:
         raise CheckpointError("; ".join(f"worker {r['worker']} cannot take part: {r.get('refused') or 'no own state'}"
                                         for r in bad))
+
+
+def _release_joiners(membership: tuple[Membership, int], attempt: Attempt) -> None:
+    """Rank 0 when the run ends or stops: mark every epoch of this attempt done, so that a replacement
+    still waiting to be admitted under any of them exits (it is not a member: it takes no part in the stop)."""
+    for e in range(int((attempt.membership or {}).get("epoch", membership[1])), membership[1] + 1):
+        mark_done(membership[0], e)
 
 
 def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], device: torch.device,
