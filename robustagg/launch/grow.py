@@ -24,7 +24,9 @@ attempt, one replacement process per lost worker id (:func:`run_joiner`). The pr
    or with ``trainer.peer_copy`` from the in-memory copy of the survivor that holds it in the
    ring when that is newer or the disk copy is missing (:func:`share_peer_copies`,
    :mod:`~robustagg.launch.peer`); every rank learns where each joiner's state came from
-   (:func:`gather_reports`) and all stop together when a joiner has none;
+   (:func:`gather_reports`); a joiner that has none (its peer copy refused and no disk copy, or the
+   live peer's bytes not matching its manifest) leaves with evidence, and the others install epoch
+   ``e + 2`` without it (:func:`install_leave`) and go on at that size;
 5. before anyone trains, every rank compares parameter and optimizer-state digests
    (:meth:`~robustagg.training.Trainer.check_parameters`); the lineage gets a ``grow`` record.
 
@@ -50,7 +52,8 @@ from .quorum import Membership, fmt_members
 if TYPE_CHECKING:  # pragma: no cover
     from ..training import Trainer
 
-__all__ = ["Regroup", "GrowWatch", "ask_to_join", "wait_for_grow", "install_grow", "wait_for_epoch", "form_group",
+__all__ = ["Regroup", "GrowWatch", "ask_to_join", "wait_for_grow", "install_grow", "install_leave", "wait_for_epoch",
+           "form_group",
            "send_state", "receive_state", "own_state_from_disk", "mark_done", "share_peer_copies", "gather_reports",
            "join_when_admitted", "next_group"]
 
@@ -208,6 +211,27 @@ def install_grow(ms: Membership, epoch: int, joiners: Sequence[int]) -> tuple[in
     if got != want:
         raise QuorumLostError(f"cannot grow epoch {epoch} to {fmt_members(want)}: epoch {epoch + 1} is already "
                               f"{fmt_members(got)}.")
+    return got
+
+
+def install_leave(ms: Membership, epoch: int, leaving: Sequence[int]) -> tuple[int, ...]:
+    """Rank 0 of a grown group in which some joiners cannot take part: epoch ``e + 1`` = members - ``leaving``.
+
+    Every member of epoch ``e`` learnt the same reports (:func:`gather_reports`), so the decision is
+    theirs, as a grow's is: ``e`` is sealed first, then the next epoch is compare-and-set.
+
+    Raises:
+        QuorumLostError: another membership was installed as epoch ``e + 1`` first.
+    """
+    import json
+
+    want = tuple(w for w in ms.members(epoch) if w not in {int(x) for x in leaving})
+    ms.seal(epoch)
+    got = tuple(int(w) for w in json.loads(ms.store.compare_set(ms._k("epoch", int(epoch) + 1), "",
+                                                                json.dumps(list(want))).decode()))
+    if got != want:
+        raise QuorumLostError(f"cannot leave worker(s) {sorted(leaving)} out of epoch {epoch}: epoch {epoch + 1} is "
+                              f"already {fmt_members(got)}.")
     return got
 
 
