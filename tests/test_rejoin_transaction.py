@@ -148,3 +148,53 @@ def test_a_tampered_live_peer_transfer_is_refused_with_evidence_and_the_group_go
     assert det["ranks"] == [5] and det["step"] == 7 and "does not match its manifest" in det["message"]
     (rec,) = [r for r in s["lineage"] if r["event"] == "rejoin_refused"]
     assert rec["worker"] == 5 and rec["epoch"] == [2, 3] and rec["members"] == [0, 1, 2, 3, 4]
+
+
+def _kill_the_joiner_in_the_transfer(monkeypatch):
+    """SIGKILL the replacement (rank 5 of the grown group of six) as it receives the live peer's state."""
+    import torch.distributed as dist
+
+    real = dist.broadcast_object_list
+
+    def dying(box, src=0, **kw):
+        if dist.get_world_size() == 6 and dist.get_rank() == 5 and box and box[0] is None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(box, src=src, **kw)
+
+    monkeypatch.setattr(dist, "broadcast_object_list", dying)
+
+
+def test_a_joiner_killed_in_the_transfer_is_named_and_the_group_goes_on_without_it(tmp_path, monkeypatch):
+    _kill_the_joiner_in_the_transfer(monkeypatch)
+    run = tmp_path / "run"
+    s = train(_cfg(*[o for o in PEER_RUN if o not in ("trainer.peer_copy=true", "trainer.max_restarts=1")],
+                   "trainer.max_restarts=2"), out_dir=run, quiet=True)
+    assert s["steps"] == 10 and s["workers"] == [0, 1, 2, 3, 4]
+    dets = [d for d in read_jsonl(run / "detections.jsonl") if d["kind"] != "straggler"]
+    assert len(dets) == 2, dets  # the rejoin fault's SIGKILL, then the joiner's
+    det = dets[1]  # the cause, not its consequence ("Connection closed by peer" in the survivors' transfer)
+    assert det["kind"] == "fail-stop" and det["lost"] == [5] and det["step"] == 7, det
+    assert det["launcher"].startswith("worker rank 5 died (signal SIGKILL) without raising"), det
+    assert "Connection closed" not in det["launcher"]
+    assert s["restarts"] == 2 and [r["event"] for r in s["lineage"]].count("shrink") == 1  # restarted as five
+
+
+def test_a_sender_killed_in_the_transfer_is_named_not_the_closed_connection(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    real = dist.broadcast_object_list
+
+    def dying(box, src=0, **kw):  # the live peer (rank 0 of the six) dies as it sends its state
+        if dist.get_world_size() == 6 and dist.get_rank() == 0 and box and isinstance(box[0], dict):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(box, src=src, **kw)
+
+    monkeypatch.setattr(dist, "broadcast_object_list", dying)
+    run = tmp_path / "run"
+    s = train(_cfg(*[o for o in PEER_RUN if o not in ("trainer.peer_copy=true", "trainer.max_restarts=1")],
+                   "trainer.max_restarts=2"), out_dir=run, quiet=True)
+    assert s["steps"] == 10  # the others went on (the lost sender's replacement rejoined them)
+    dets = [d for d in read_jsonl(run / "detections.jsonl") if d["kind"] != "straggler"]
+    det = dets[1]
+    assert det["kind"] == "fail-stop" and 0 in det["lost"] and det["step"] == 7, det
+    assert det["launcher"].startswith("worker rank 0 died (signal SIGKILL) without raising"), det

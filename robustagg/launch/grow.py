@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import io
 import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -56,6 +57,24 @@ __all__ = ["Regroup", "GrowWatch", "ask_to_join", "wait_for_grow", "install_grow
            "form_group",
            "send_state", "receive_state", "own_state_from_disk", "mark_done", "share_peer_copies", "gather_reports",
            "join_when_admitted", "next_group"]
+
+
+@contextmanager
+def _collective(what: str) -> Iterator[None]:
+    """Raise a failed collective of the grow as :class:`~robustagg.distributed.comm.CollectiveError`.
+
+    gloo reports a peer that died in the middle of a transfer as a bare ``RuntimeError``
+    ("Connection closed by peer"); as a collective error it is what it is, a consequence, and the
+    launcher names the process that died (:func:`~robustagg.distributed.launch.spawn`) instead.
+    """
+    from ..distributed.comm import CollectiveError
+
+    try:
+        yield
+    except CollectiveError:
+        raise
+    except RuntimeError as exc:
+        raise CollectiveError(f"{what} failed: {exc}") from exc
 
 
 class Regroup(Exception):
@@ -268,6 +287,9 @@ def send_state(state: Optional[dict[str, Any]], *, src: int, src_worker: int) ->
 
     Returns:
         on every rank: ``{"manifest": {"sha256", "size", "step", "from_worker"}, "payload": bytes}``.
+
+    Raises:
+        CollectiveError: the broadcast failed (a peer died in the transfer).
     """
     import torch.distributed as dist
 
@@ -279,7 +301,8 @@ def send_state(state: Optional[dict[str, Any]], *, src: int, src_worker: int) ->
         payload = buf.getvalue()
         box = [{"manifest": {"sha256": sha256_bytes(payload), "size": len(payload), "step": int(state["step"]),
                              "from_worker": int(src_worker)}, "payload": payload}]
-    dist.broadcast_object_list(box, src=int(src))
+    with _collective(f"the state transfer from worker {src_worker}"):
+        dist.broadcast_object_list(box, src=int(src))
     return dict(box[0])
 
 
@@ -349,7 +372,8 @@ def share_peer_copies(memory: Any, joiners: Sequence[int], holders: Sequence[int
     for w in sorted(int(j) for j in joiners):
         src = order.index(holder_of(w, holders, ring))
         box: list[Any] = [memory.message(w) if memory is not None and dist.get_rank() == src else None]
-        dist.broadcast_object_list(box, src=src)
+        with _collective(f"the peer copy of worker {w}'s own state"):
+            dist.broadcast_object_list(box, src=src)
         out[w] = box[0]
     return out
 
@@ -360,5 +384,6 @@ def gather_reports(mine: Optional[dict[str, Any]]) -> list[Optional[dict[str, An
     import torch.distributed as dist
 
     box: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(box, mine)
+    with _collective("the joiners' reports"):
+        dist.all_gather_object(box, mine)
     return list(box)

@@ -263,9 +263,11 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
         except WorkerFailedError as exc:
             hosts = job.hosts() or tuple(range(job.n))
             lost = [job.identities[w] for w in range(job.n) if hosts[w] in exc.lost]
+            # a replacement (after the members' processes) that died is gone too, though it was not a member yet
+            gone = [int(attempt.joiners[i - job.processes()]["worker"]) for i in exc.lost if i >= job.processes()]
             last = last_step_reached(out)
             more = attempt.number < int(s.max_restarts)
-            det = record_failure(out, attempt.number, lost=lost, message=str(exc), archive=more)
+            det = record_failure(out, attempt.number, lost=sorted(lost + gone), message=str(exc), archive=more)
             if not more:
                 if attempt.number:
                     raise WorkerFailedError(f"after {attempt.number} restart(s): {exc}", rank=exc.rank,
