@@ -94,7 +94,8 @@ class ThreatConf:
     f: int = 2
     byzantine: int = II(".f")
     ranks: Optional[List[int]] = None
-    start_step: int = 0
+    start_step: int = field(default=0, metadata=limit(0, None, "the step the Byzantine workers start attacking at",
+                                                      integer=True))
 
 
 @dataclass

@@ -17,7 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import robustagg as ra
-from experiments.config import DataConf, OptimizerLimits
+from experiments.config import DataConf, OptimizerLimits, ThreatConf
 from experiments.wiring import SETTING_KEYS, validate
 from robustagg.errors import AssumptionError, ConfigError
 from robustagg.launch import Job, RunSettings, launch
@@ -58,6 +58,9 @@ REFUSED = [
     (["data.max_train_samples=-1"], ConfigError,
      r"^data\.max_train_samples must be an integer in \[1, inf\) or null .*; got -1\."),
     (["run_name=''"], ConfigError, r"^run_name='' is empty: give a plain folder name"),
+    ([*REJOIN, "faults.rejoin.step=3", "faults.rejoin.join_step=6"], ConfigError,
+     r"^fault rejoin: join_step=6 is not before the run's last step \(trainer\.steps=6\)"),
+    (["threat.start_step=-1"], ConfigError, r"^threat\.start_step must be an integer in \[0, inf\)"),
 ]
 
 
@@ -95,8 +98,8 @@ def _never_built(ctx):  # pragma: no cover - a refused job never builds
 
 def test_every_numeric_setting_declares_its_range():
     # one declaration per key (type, range, meaning): a new numeric key without one fails here
-    exempt = {"seed"}  # checked by the app before anything else (experiments.wiring._early_checks)
-    for schema in (RunSettings, DataConf, OptimizerLimits):
+    exempt = {"seed", "n", "f", "byzantine"}  # seed: wiring._early_checks; n, f, byzantine: wiring._threat
+    for schema in (RunSettings, DataConf, OptimizerLimits, ThreatConf):
         for f in dataclasses.fields(schema):
             numeric = f.type in ("int", "float", "Optional[int]", "Optional[float]")
             if numeric and f.name not in exempt:

@@ -266,6 +266,7 @@ class Job:
         ConfigError: ``n < 1``, identities of the wrong length or not distinct, Byzantine ids that
             are not workers, every worker Byzantine, ``settings.processes`` above ``n``, or a
             ``settings.membership`` schedule naming a worker id ``>= n`` or leaving nobody.
+            A fault's ``join_step`` at or after the last step (``settings.steps``).
         AssumptionError: ``settings.membership`` leaves, at some step, fewer workers than the strict
             rule's requirement needs.
     """
@@ -322,6 +323,11 @@ class Job:
         self.processes()  # refuse trainer.processes > n in either mode, not only when processes start
         if self.settings.membership:  # worker ids and "one must remain" need n: checked here, before launch
             self._check_schedule()
+        for fault in self.faults:  # a grow boundary the run never reaches: the replacement would never join
+            if int(fault.join_step) >= int(self.settings.steps) > 0:
+                raise ConfigError(f"fault {fault.id}: join_step={fault.join_step} is not before the run's last step "
+                                  f"({self.settings.key('steps')}={self.settings.steps}): the run ends before that "
+                                  f"boundary; use a join_step below {self.settings.steps}, or 0 (whenever it is ready).")
 
     def _check_schedule(self) -> None:
         """The membership schedule against n and the rule: every size it passes through must meet the
