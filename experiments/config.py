@@ -1,5 +1,8 @@
 """Structured-config schemas of ``conf/`` (registered in Hydra's ConfigStore as ``train_schema``).
 
+A numeric key's range is declared on its field (:func:`robustagg.limits.limit` metadata: type,
+range, meaning) and checked before launch by :func:`experiments.wiring.settings_problems`; the
+``trainer`` keys that :class:`robustagg.launch.RunSettings` defines take their ranges from there.
 Every typed node refuses keys it does not declare, so a misspelt key (``trainer.setps=10``) is an
 error at composition, never silently ignored; a key added with ``+`` (``+trainer.optimizer=adam``),
 which Hydra lets into the composed config, is refused by :func:`experiments.wiring.as_config`.
@@ -26,8 +29,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
+from robustagg.limits import limit
+
 __all__ = ["Mode", "Partition", "DataName", "ByzantineData", "ThreatConf", "DataConf", "ModelConf", "CheckpointConf",
-           "TrainerConf", "FaultConf", "LoggerConf", "TrainConfig", "register_configs",
+           "TrainerConf", "FaultConf", "OptimizerLimits", "LoggerConf", "TrainConfig", "register_configs",
            "check_group_choices"]
 
 
@@ -89,7 +94,8 @@ class ThreatConf:
     f: int = 2
     byzantine: int = II(".f")
     ranks: Optional[List[int]] = None
-    start_step: int = 0
+    start_step: int = field(default=0, metadata=limit(0, None, "the step the Byzantine workers start attacking at",
+                                                      integer=True))
 
 
 @dataclass
@@ -128,23 +134,26 @@ class DataConf:
 
     name: DataName = DataName.digits
     partition: Partition = Partition.iid
-    alpha: float = 0.5
-    shards_per_worker: int = 2
-    imbalance: float = 10.0
-    min_samples: int = 1
-    max_tries: int = 100
+    alpha: float = field(default=0.5, metadata=limit(0, None, "the Dirichlet concentration", low_open=True))
+    shards_per_worker: int = field(default=2, metadata=limit(1, None, "label_sorted shards per worker", integer=True))
+    imbalance: float = field(default=10.0, metadata=limit(1, None, "long_tail ratio of the class frequencies"))
+    min_samples: int = field(default=1, metadata=limit(0, None, "examples every worker needs", integer=True))
+    max_tries: int = field(default=100, metadata=limit(1, None, "dirichlet redraws", integer=True))
     byzantine_data: ByzantineData = ByzantineData.partition
-    test_fraction: float = 0.25
-    max_train_samples: Optional[int] = None
-    dim: int = 20
-    num_classes: int = 10
-    samples: int = 4000
-    separation: float = 3.0
-    heterogeneity: float = 0.0
+    test_fraction: float = field(default=0.25, metadata=limit(0, 1, "share of each class held out", low_open=True,
+                                                              high_open=True))
+    max_train_samples: Optional[int] = field(default=None, metadata=limit(
+        1, None, "training examples kept, null = all", integer=True, optional=True, example=1000))
+    dim: int = field(default=20, metadata=limit(1, None, "synthetic input dimension", integer=True))
+    num_classes: int = field(default=10, metadata=limit(2, None, "synthetic classes", integer=True))
+    samples: int = field(default=4000, metadata=limit(1, None, "synthetic examples", integer=True))
+    separation: float = field(default=3.0, metadata=limit(0, None, "distance of the synthetic class means"))
+    heterogeneity: float = field(default=0.0, metadata=limit(0, None, "norm of each worker's synthetic input shift"))
     root: Optional[str] = None
     download: bool = False
     augment: Optional[bool] = None
-    max_test_samples: Optional[int] = None
+    max_test_samples: Optional[int] = field(default=None, metadata=limit(
+        1, None, "test examples evaluated, null = all", integer=True, optional=True, example=1000))
     label: str = "fine"
     path: Optional[str] = None
     hf_name: Optional[str] = None
@@ -324,6 +333,25 @@ class FaultConf:
 
 
 @dataclass
+class OptimizerLimits:
+    """The ranges of the ``optimizer`` node's common hyperparameters (the node itself is open: any
+    ``torch.optim`` optimizer's keyword arguments; a key the chosen optimizer does not take is
+    refused when it is built). Checked before launch by :func:`experiments.wiring.settings_problems`.
+
+    Attributes:
+        lr: the server step size. momentum: SGD's (or RMSprop's) momentum beta: 1 and above make
+            the iterates diverge. weight_decay: the L2 penalty. dampening: SGD's momentum dampening.
+        eps: the term added for numerical stability (Adam, RMSprop, ...).
+    """
+
+    lr: float = field(default=0.1, metadata=limit(0, None, "the server step size", low_open=True))
+    momentum: float = field(default=0.0, metadata=limit(0, 1, "the momentum beta, 0 = off", high_open=True))
+    weight_decay: float = field(default=0.0, metadata=limit(0, None, "the L2 penalty"))
+    dampening: float = field(default=0.0, metadata=limit(0, 1, "the momentum dampening"))
+    eps: float = field(default=1e-8, metadata=limit(0, None, "the stability term", low_open=True))
+
+
+@dataclass
 class LoggerConf:
     """``wandb`` (rank 0 only; ``mode`` offline by default, so no network is needed) or ``none``."""
 
@@ -386,7 +414,10 @@ class TrainConfig:
 
 
 def run_name_problem(name: str) -> str:
-    """Why ``name`` cannot be a ``run_name`` (a plain folder name under ``outputs/``), or ``""``."""
+    """Why ``name`` cannot be a ``run_name`` (a plain, non-empty folder name under ``outputs/``), or ``""``."""
+    if name == "":
+        return ("run_name='' is empty: give a plain folder name (run_name=alie-tm makes the run folder "
+                "outputs/alie-tm, so the same command resumes it), or leave run_name out for a time-stamped folder.")
     if "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
         return (f"run_name={name!r} must be a plain folder name (no '/' or '\\', not starting with '.'), e.g. "
                 f"run_name=alie-tm; for another folder use out_dir=PATH.")
@@ -424,7 +455,7 @@ def run_dir_problem(args: list[str]) -> str:
 def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:
     """The run directory Hydra creates (``hydra.run.dir: ${ra_run_dir:${out_dir},${run_name}}``).
 
-    ``out_dir`` when given; else ``outputs/<run_name>`` (a name with ``/`` or ``..`` is refused);
+    ``out_dir`` when given; else ``outputs/<run_name>`` (an empty name, or one with ``/`` or ``..``, is refused);
     else, under torchrun, ``outputs/torchrun-<TORCHELASTIC_RUN_ID>`` when torchrun set a run id
     (the same on every rank); else ``outputs/<date>/<time>``.
 
@@ -436,7 +467,7 @@ def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:
 
     if out_dir not in (None, "", "None"):
         return str(out_dir)
-    if run_name not in (None, "", "None"):
+    if run_name not in (None, "None"):
         name = str(run_name)
         problem = run_name_problem(name)
         if problem:

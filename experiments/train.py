@@ -263,10 +263,13 @@ if __name__ == "__main__":
         check_group_choices(sys.argv[1:])  # faults=[crashh]: name the options before Hydra composes
         check_setting_keys(sys.argv[1:])  # trainer.stpes=5: one line with the nearest keys
         for arg in sys.argv[1:]:  # Hydra resolves the run directory from run_name before any of our code
-            if arg.startswith("run_name=") and run_name_problem(arg.partition("=")[2]):
+            value = arg.partition("=")[2]
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]  # run_name='' as Hydra reads it: the quoted string
+            if arg.startswith("run_name=") and value not in ("null", "None") and run_name_problem(value):
                 from robustagg.errors import ConfigError
 
-                raise ConfigError(run_name_problem(arg.partition("=")[2]))
+                raise ConfigError(run_name_problem(value))
         if run_dir_problem(sys.argv[1:]):  # a read-only folder or a full disk: before Hydra writes there
             from robustagg.errors import StorageError
 

@@ -41,7 +41,7 @@ from robustagg.launch import Job, RunSettings, WorkerContext, WorkerParts
 from robustagg.preaggregation.base import PreAggregator
 from robustagg.training import AttackAdapter, ByzantineBehaviour, Fault, evaluate
 
-from .config import FaultConf, Mode, TrainConfig
+from .config import FaultConf, Mode, OptimizerLimits, TrainConfig
 from .data import augment_enabled, build_data
 from .models import instantiate_model
 from .optim import build_optimizer, build_scheduler, moved_keys
@@ -109,10 +109,13 @@ def _early_checks(cfg: DictConfig) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ConfigError(f"seed must be an integer in [0, 2**63) (a signed 64-bit value: NumPy's generators refuse "
                           f"negative seeds, torch's refuse 2**64 and above); got {seed!r}. Use e.g. seed=0.")
-    threads = cfg.trainer.threads
-    if threads < 1:
-        raise ConfigError(f"trainer.threads must be an integer >= 1 (torch threads per process); got {threads}. "
-                          "Use e.g. trainer.threads=1.")
+    from robustagg.limits import limit_of
+
+    threads = limit_of(RunSettings, "threads")
+    assert threads is not None
+    problem = threads.problem(SETTING_KEYS["threads"], cfg.trainer.threads)
+    if problem:
+        raise ConfigError(problem)
 
 
 def as_config(cfg: Any) -> DictConfig:
@@ -542,32 +545,18 @@ def _nccl_placement(cfg: DictConfig, n: int, backend: str) -> None:
                           "trainer.backend=gloo.")
 
 
-#: The longest trainer.collective_timeout_s accepted (a day): longer is a typo, or a hang by another name.
-_MAX_TIMEOUT_S = 86400.0
-
-
 def _finite(x: Any) -> bool:
     return math.isfinite(float(x))
 
 
 def _optimizer_checks(opt: Any) -> list[tuple[bool, str]]:
-    """The numbers torch does not refuse by itself (``inf``, ``nan``) in the ``optimizer`` node."""
-    checks: list[tuple[bool, str]] = []
+    """The ranges of :class:`~experiments.config.OptimizerLimits` that the ``optimizer`` node breaks
+    (numbers torch does not refuse by itself: ``inf``, ``nan``, a momentum of 1.5)."""
+    from robustagg.limits import limit_problems
+
     if not isinstance(opt, Mapping):
-        return checks
-    if "lr" in opt:
-        checks.append((_finite(opt["lr"]) and float(opt["lr"]) > 0,
-                       f"optimizer.lr must be a finite number > 0 (the server step size); got {opt['lr']}. Use e.g. "
-                       "optimizer.lr=0.1."))
-    if "weight_decay" in opt:
-        checks.append((_finite(opt["weight_decay"]) and float(opt["weight_decay"]) >= 0,
-                       f"optimizer.weight_decay must be a finite number >= 0 (the L2 penalty); got "
-                       f"{opt['weight_decay']}. Use e.g. optimizer.weight_decay=0."))
-    for key in ("momentum", "eps", "dampening"):
-        if key in opt:
-            checks.append((_finite(opt[key]) and float(opt[key]) >= 0,
-                           f"optimizer.{key} must be a finite number >= 0; got {opt[key]}."))
-    return checks
+        return []
+    return [(False, m) for m in limit_problems(OptimizerLimits, opt, key=lambda k: f"optimizer.{k}")]
 
 
 def _model_checks(model: DictConfig) -> list[tuple[bool, str]]:
@@ -638,9 +627,7 @@ def _rendezvous_checks(cfg: DictConfig) -> None:
     the store uses, is tried and closed at once.
     """
     tr = cfg.trainer
-    addr, port = str(tr.master_addr).strip(), int(tr.port)
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"trainer.port must be 0 (pick a free port) or a TCP port in 1..65535; got {port}.")
+    addr, port = str(tr.master_addr).strip(), int(tr.port)  # the port's range: RunSettings (settings_problems)
     fix = "use e.g. trainer.master_addr=127.0.0.1 (every worker runs on this machine)"
     try:
         ip: Optional[ipaddress.IPv4Address | ipaddress.IPv6Address] = ipaddress.ip_address(addr)
@@ -678,31 +665,33 @@ def _rendezvous_checks(cfg: DictConfig) -> None:
                               f"rank 0 of the app's launcher listens on it; {fix}.") from None
 
 
+def settings_problems(cfg: DictConfig) -> list[str]:
+    """The range problems of the configuration's run settings, from the declarations of
+    :class:`~robustagg.launch.RunSettings` (:mod:`robustagg.limits`) and of the app's own schema
+    (:class:`~experiments.config.TrainConfig`: ``data.max_train_samples``, ...), each message
+    naming the key as typed here (:data:`SETTING_KEYS`)."""
+    from robustagg.limits import limit_of, limit_problems
+
+    values = {attr: OmegaConf.select(cfg, key) for attr, key in SETTING_KEYS.items()
+              if limit_of(RunSettings, attr) is not None}
+    return (limit_problems(RunSettings, values, key=lambda a: SETTING_KEYS.get(a, a))
+            + limit_problems(TrainConfig, cfg))
+
+
 def _trainer_checks(cfg: DictConfig) -> None:
     tr = cfg.trainer
+    for problem in settings_problems(cfg):  # the ranges RunSettings declares, under the keys typed here
+        raise ConfigError(problem)
     checks = [
-        (int(tr.steps) >= 0, f"trainer.steps must be >= 0; got {tr.steps}."),
-        (int(tr.batch_size) >= 1, f"trainer.batch_size must be >= 1; got {tr.batch_size}."),
-        (0 <= float(tr.worker_momentum) < 1, f"trainer.worker_momentum must be in [0, 1); got {tr.worker_momentum}."),
-        (int(tr.eval_every) >= 0 and int(tr.param_check_every) >= 0,
-         "trainer.eval_every and trainer.param_check_every must be >= 0."),
         (str(tr.reduction) in reduction_modes(),
          f"trainer.reduction must be one of {', '.join(reduction_modes())}; got {tr.reduction!r}."),
         (str(tr.on_nonfinite) in ("abort", "drop"), f"trainer.on_nonfinite must be abort or drop; got {tr.on_nonfinite!r}."),
         (str(tr.start_method) in ("auto", "spawn", "forkserver", "fork"),
          f"trainer.start_method must be auto, spawn, forkserver or fork; got {tr.start_method!r}."),
-        (0 < float(tr.collective_timeout_s) <= _MAX_TIMEOUT_S,
-         f"trainer.collective_timeout_s must be a finite number of seconds in (0, {_MAX_TIMEOUT_S:.0f}] (how long "
-         f"a collective waits for the others; a day at most); got {tr.collective_timeout_s}. Use e.g. "
-         "trainer.collective_timeout_s=60."),
         (str(cfg.logger.name) in ("wandb", "none"), f"logger must be wandb or none; got {cfg.logger.name!r}."),
-        (int(tr.checkpoint.every) >= 0, f"trainer.checkpoint.every must be >= 0 steps; got {tr.checkpoint.every}."),
-        (int(tr.checkpoint.keep) >= 1, f"trainer.checkpoint.keep must be >= 1; got {tr.checkpoint.keep}."),
-        (int(tr.max_restarts) >= 0, f"trainer.max_restarts must be >= 0; got {tr.max_restarts}."),
         (str(tr.on_failure) in ("restart", "shrink"), f"trainer.on_failure must be restart or shrink; got {tr.on_failure!r}."),
         (str(tr.shrink_shards) in ("drop", "redistribute"),
          f"trainer.shrink_shards must be drop or redistribute; got {tr.shrink_shards!r}."),
-        (float(tr.straggler_factor) > 1, f"trainer.straggler_factor must be > 1; got {tr.straggler_factor}."),
         (str(tr.resume) != "", "trainer.resume must be auto, never or a checkpoint folder; got an empty string."),
         *_model_checks(cfg.model),
         *_optimizer_checks(cfg.get("optimizer")),
@@ -795,6 +784,10 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     """
     cfg = as_config(cfg)
     moved_keys(cfg.trainer)
+    from .config import run_name_problem
+
+    if cfg.run_name is not None and run_name_problem(str(cfg.run_name)):
+        raise ConfigError(run_name_problem(str(cfg.run_name)))
     n, f, b, ranks, notes = _threat(cfg)
     _trainer_checks(cfg)
     device, backend = _device(cfg)
@@ -874,6 +867,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     plan.identities = tuple(range(n))
     plan.fingerprint = fingerprint(plan.cfg)
     plan.code_revision = code_revision()
+    plan.job().settings.check()  # the library's own checks (Job: the schedule against n and the rule)
     return plan
 
 

@@ -59,12 +59,12 @@ def test_headers_encoded_in_one_block_decode_to_the_one_by_one_fields_bit_exact(
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("step", 4, "step: rank 1 has 4 \\(expected 3\\)"),
+    ("step", 4, "at step 4, collective 7: step: rank 1 announces step 5 \\(expected step 4\\)"),  # ids 4, 3
     ("seq", 8, "seq: rank 1 has 8 \\(expected 7\\)"),
     ("numel", 6, "numel: rank 1 has 6 \\(expected 5\\)"),
     ("dtype", 2, "dtype: rank 1 has 2 \\(expected 1\\)"),
     ("rank", 0, "row 1 carries rank 0"),
-    ("prev_digest", 99, "aggregates applied at step 2 differ: rank 0 digest 0, rank 1 digest 99"),
+    ("prev_digest", 99, "aggregates applied at step 3 differ: rank 0 digest 0, rank 1 digest 99"),
 ])
 def test_check_headers_names_the_disagreement(field, value, message):
     base = dict(step=3, seq=7, tag=0, numel=5, dtype=1, prev_digest=0)
@@ -104,7 +104,7 @@ def test_gather_reduction_aggregates_and_reports():
 
 def test_nonfinite_rows_abort_or_drop():
     rows = _rows([1.0], [2.0], [float("nan")], [3.0], [4.0])
-    with pytest.raises(NonFiniteInputError, match=r"step 5: submissions of rank\(s\) \[2\] hold NaN or inf"):
+    with pytest.raises(NonFiniteInputError, match=r"^step 6: submissions of rank\(s\) \[2\] hold NaN or inf"):
         GatherReduction(ra.CoordinateWiseMedian(f=1), LocalComm(5)).reduce(rows, step=5)
     red = GatherReduction(ra.CoordinateWiseMedian(f=1), LocalComm(5), on_nonfinite="drop")
     out = red.reduce(rows, step=5)
@@ -208,7 +208,7 @@ def _desync_worker(rank, kind):
     red.reduce({rank: torch.ones(d)}, step=step)
 
 
-@pytest.mark.parametrize("kind,match", [("step", "step: rank 3 has 1"), ("shape", "numel: rank 1 has 3")])
+@pytest.mark.parametrize("kind,match", [("step", "step: rank 3 announces step 2"), ("shape", "numel: rank 1 has 3")])
 def test_desync_is_a_named_error_on_every_rank_not_an_abort(kind, match):
     with pytest.raises(WorkerFailedError, match=match) as info:
         _group(4, _desync_worker, kind)

@@ -50,7 +50,7 @@ def _failures(records):
 CASES = [
     ("desync", "faults.desync.mode=skip", "DesyncError", "desync", r"seq: rank 1 has (\d+) \(expected (\d+)\)"),
     ("desync", "faults.desync.mode=reorder", "DesyncError", "desync",
-     rf"step: rank 1 has {STEP} \(expected {STEP - 1}\)"),  # messages use 0-based step ids
+     rf"step: rank 1 announces step {STEP + 1} \(expected step {STEP}\)"),  # messages name step numbers
     ("corrupt", "faults.corrupt.bits=3", "IntegrityError", "corruption",
      r"submissions of rank\(s\) \[1\] do not match their checksums"),
     ("nonfinite", "trainer.on_nonfinite=abort", "NonFiniteInputError", "nonfinite",
@@ -82,10 +82,13 @@ def test_fault_is_detected_at_its_step_with_evidence(tmp_path, fault, option, er
         assert sorted(e["heartbeats"]) == ["0", "1", "2"] and isinstance(e["digests"]["parameters"], int)
     found = re.search(message, evidence[0]["exception"]["message"])
     assert found, evidence[0]["exception"]["message"]
+    # the message names the step the fault was injected at, as the detection record does (issue 27)
+    assert re.match(rf"(ranks disagree before the exchange at )?step {STEP}\b", evidence[0]["exception"]["message"])
     if fault == "desync" and "skip" in option:
         assert int(found.group(1)) == int(found.group(2)) + 1  # rank 1 counts one collective more
     (det,) = _failures(_jsonl(tmp_path / "detections.jsonl"))
     assert (det["kind"], det["step"], det["ranks"], det["attempt"]) == (kind, STEP, [0, 1, 2], 0)
+    assert re.match(rf"(ranks disagree before the exchange at )?step {STEP}\b", det["message"]), det["message"]
     (fired,) = _jsonl(tmp_path / "checkpoints" / "faults.jsonl")
     assert (fired["id"], fired["rank"], fired["step"]) == (fault, 1, STEP)
 

@@ -372,7 +372,7 @@ def test_a_replacement_without_a_committed_copy_of_its_state_stays_out_and_the_r
 def test_membership_schedule_parses_checks_and_names_the_members_of_each_step():
     from robustagg.launch.schedule import Absence, members_at, parse_membership
 
-    sched = parse_membership([{"workers": [5, 4, 5], "absent": [3, 7]}, {"workers": [0], "absent": [5, 0]}], n=6)
+    sched = parse_membership([{"workers": [5, 4], "absent": [3, 7]}, {"workers": [0], "absent": [5, 0]}], n=6)
     assert sched == (Absence((4, 5), 3, 7), Absence((0,), 5, 0))
     assert [members_at(sched, SIX, k) for k in (2, 3, 6, 7, 100)] == [SIX, (0, 1, 2, 3), (1, 2, 3), (1, 2, 3, 4, 5),
                                                                        (1, 2, 3, 4, 5)]
@@ -384,6 +384,15 @@ def test_membership_schedule_parses_checks_and_names_the_members_of_each_step():
         parse_membership([{"workers": [1], "steps": [1, 2]}], n=6)
     with pytest.raises(ConfigError, match=r"every worker is absent at step 2"):
         parse_membership([{"workers": [0, 1], "absent": [2, 4]}], n=2)
+    # issue 27: these were accepted (3.5 read as 3, [5, 5] as [5], the second entry silently merged)
+    with pytest.raises(ConfigError, match=r"trainer.membership\[0\]: .*all whole numbers"):
+        parse_membership([{"workers": [5], "absent": [3.5, 7]}], n=6)
+    with pytest.raises(ConfigError, match=r"trainer.membership\[0\].workers lists worker\(s\) \[5\] more than once"):
+        parse_membership([{"workers": [5, 5], "absent": [3, 7]}], n=6)
+    with pytest.raises(ConfigError, match=r"trainer.membership\[1\] and trainer.membership\[0\] both make worker"
+                                          r"\(s\) \[5\] absent at step 6"):
+        parse_membership([{"workers": [5], "absent": [3, 7]}, {"workers": [4, 5], "absent": [6, 0]}], n=6)
+    assert parse_membership([{"workers": [5], "absent": [3, 7]}, {"workers": [5], "absent": [7, 9]}], n=6)  # disjoint
     with pytest.raises(ConfigError, match=r"trainer.membership replays membership changes in simulated mode only"):
         train(_cfg("threat.n=3", "threat.f=0", "aggregator=mean", "attack=none", "trainer.steps=2",
                    "trainer.mode=processes", "trainer.membership=[{workers: [2], absent: [1, 2]}]"), quiet=True)

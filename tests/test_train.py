@@ -361,7 +361,7 @@ def test_drop_policy_filters_nonfinite_honest_rows_before_the_omniscient_attack_
     assert t.reduction.faults == [(0, 1)]  # counted once, by the reduction
     # abort: every rank stops with the integrity layer's error, before the attack runs
     seen.clear()
-    with pytest.raises(ra.errors.NonFiniteInputError, match=r"step 0: submissions of rank\(s\) \[1\] hold NaN"):
+    with pytest.raises(ra.errors.NonFiniteInputError, match=r"^step 1: submissions of rank\(s\) \[1\] hold NaN"):
         build("abort").step()
     assert seen == []
 
@@ -372,9 +372,9 @@ def test_finite_rows_applies_the_policy_to_the_listed_rows_only():
     drop = make_reduction("gather", ra.CoordinateWiseMedian(f=1), LocalComm(4), on_nonfinite="drop")
     assert drop.finite_rows(x, [0, 1, 2], step=5) == [0] and drop.finite_rows(x, [0, 3], step=5) == [0, 3]
     assert drop.faults == []  # counted by reduce, not here
-    with pytest.raises(ra.errors.IntegrityError, match=r"step 5: every checked submission \(rank\(s\) \[1, 2\]\)"):
+    with pytest.raises(ra.errors.IntegrityError, match=r"^step 6: every checked submission \(rank\(s\) \[1, 2\]\)"):
         drop.finite_rows(x, [1, 2], step=5)
     abort = make_reduction("gather", ra.CoordinateWiseMedian(f=1), LocalComm(4))
     assert abort.finite_rows(x, [0, 3], step=5) == [0, 3]
-    with pytest.raises(ra.errors.NonFiniteInputError, match=r"step 5: submissions of rank\(s\) \[1, 2\] hold NaN"):
+    with pytest.raises(ra.errors.NonFiniteInputError, match=r"^step 6: submissions of rank\(s\) \[1, 2\] hold NaN"):
         abort.finite_rows(x, [0, 1, 2, 3], step=5)

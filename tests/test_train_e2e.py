@@ -43,9 +43,13 @@ def test_bad_configuration_exits_with_one_message(tmp_path):
 
 CLI_REFUSED = [
     ("+trainer.optimizer=adam", "error: unknown key trainer.optimizer: the schema of trainer (TrainerConf)"),
-    ("optimizer.lr=inf", "error: optimizer.lr must be a finite number > 0 (the server step size); got inf."),
+    ("optimizer.lr=inf", "error: optimizer.lr must be a finite number in (0, inf) (the server step size); got inf."),
     ("seed=1e20", "error: seed must be an integer in [0, 2**63)"),
-    ("trainer.threads=0", "error: trainer.threads must be an integer >= 1 (torch threads per process); got 0."),
+    ("trainer.threads=0", "error: trainer.threads must be an integer in [1, 256] (torch threads per process); got 0."),
+    ("trainer.threads=1000000", "error: trainer.threads must be an integer in [1, 256] (torch threads per process); "
+                                "got 1000000."),  # it used to crash the process and exhaust the process table
+    ("trainer.membership=[{workers:[4,5,6,7,8,9],absent:[2,4]}]",  # it used to fail after step 1 ran
+     "error: trainer.membership leaves 4 of the n=10 workers from step 2 on: Trimmed mean requires n >= 2f + 1"),
     ("model.hidden=[0]", "error: model.hidden lists layer widths, each an integer >= 1; got [0]."),
 ]
 

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import IntegrityError, NonFiniteInputError
 from ..integrity import checksum, inspect_rows
-from .header import Header, dtype_of
+from .header import Header, dtype_of, step_name
 from .reduction import NonFinitePolicy, Reduced, Reduction, Transform, register_reduction
 
 __all__ = ["GatherReduction"]
@@ -75,18 +75,18 @@ class GatherReduction(Reduction):
         reports = inspect_rows(matrix, sums, expected_dtype=dtype, received_checksums=known)
         corrupted = [ranks[int(r.row)] for r in reports if r.corrupted and r.row is not None]
         if corrupted:
-            raise IntegrityError(f"step {step}: submissions of rank(s) {corrupted} do not match their checksums "
+            raise IntegrityError(f"{step_name(step)}: submissions of rank(s) {corrupted} do not match their checksums "
                                  "(corrupted in transit): " + "; ".join(p for r in reports for p in r.problems
                                                                         if "checksum" in p))
         bad_rows = [int(r.row) for r in reports if not r.finite and r.row is not None]
         bad = [ranks[i] for i in bad_rows]
         if bad and self.on_nonfinite is NonFinitePolicy.ABORT:
-            raise NonFiniteInputError(f"step {step}: submissions of rank(s) {bad} hold NaN or inf. Set "
+            raise NonFiniteInputError(f"{step_name(step)}: submissions of rank(s) {bad} hold NaN or inf. Set "
                                       "on_nonfinite='drop' to leave such rows out and count them as faults.")
         self.faults.extend((step, r) for r in bad)
         kept_rows = [i for i in range(matrix.shape[0]) if i not in bad_rows]
         if not kept_rows:
-            raise IntegrityError(f"step {step}: every submission is non-finite; nothing to aggregate.")
+            raise IntegrityError(f"{step_name(step)}: every submission is non-finite; nothing to aggregate.")
         kept = [ranks[i] for i in kept_rows]
         x = matrix if not bad_rows else matrix[kept_rows]
         inputs, rule_input = list(kept), None

@@ -30,7 +30,22 @@ import torch
 from ..errors import DesyncError, ShapeError
 
 __all__ = ["Header", "HEADER_LEN", "MAGIC", "DTYPE_CODES", "dtype_code", "check_headers", "encode_headers",
-           "decode_headers"]
+           "decode_headers", "step_name"]
+
+
+def step_name(step_id: int) -> str:
+    """How a message names the step with 0-based id ``step_id``: ``"step <step_id + 1>"``.
+
+    The collectives take step *ids* (completed steps before this one: 0 for the first step); people,
+    fault specs, metrics and detection records count steps from 1. Every message of the exchange
+    (header checks, integrity, non-finite rows) names the step through this function, so a fault
+    injected at step 13 is reported at step 13.
+
+    Example:
+        >>> step_name(12)
+        'step 13'
+    """
+    return f"step {int(step_id) + 1}"
 
 #: Format marker and version of the header layout (bumped when fields change).
 MAGIC = 0x52_41_47_02
@@ -154,7 +169,8 @@ def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int,
     Args:
         headers: one decoded header per rank, in rank order.
         members: the worker rank each header must carry (default ``0..len(headers)-1``).
-        step: the step this rank itself is about to take.
+        step: the id (0-based) of the step this rank itself is about to take; messages name the step
+            by its number (:func:`step_name`).
         seq: the collective number this rank itself is about to run.
         tag: the tag of the collective this rank itself is about to run.
 
@@ -168,7 +184,7 @@ def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int,
         ...               step=3, seq=7, tag=0)
         Traceback (most recent call last):
         ...
-        robustagg.errors.DesyncError: ranks disagree before the exchange at step 3, collective 7: step: rank 1 has 4 (expected 3)
+        robustagg.errors.DesyncError: ranks disagree before the exchange at step 4, collective 7: step: rank 1 announces step 5 (expected step 4)
     """
     problems: list[str] = []
     ref = headers[0]
@@ -176,17 +192,19 @@ def check_headers(headers: Sequence[Header], *, step: int, seq: int, tag: int,
     for i, h in enumerate(headers):
         if h.rank != want_ranks[i]:
             problems.append(f"row {i} carries rank {h.rank} (expected {want_ranks[i]})")
-        for name, want in (("step", step), ("seq", seq), ("tag", tag), ("numel", ref.numel), ("dtype", ref.dtype)):
+        if h.step != step:  # step ids travel; the message names step numbers (step_name)
+            problems.append(f"step: rank {i} announces {step_name(h.step)} (expected {step_name(step)})")
+        for name, want in (("seq", seq), ("tag", tag), ("numel", ref.numel), ("dtype", ref.dtype)):
             got = getattr(h, name)
             if got != want:
                 problems.append(f"{name}: rank {i} has {got} (expected {want})")
     digests = {h.prev_digest for h in headers}
     if len(digests) > 1:
-        problems.append("the aggregates applied at step {} differ: ".format(step - 1)
+        problems.append(f"the aggregates applied at {step_name(step - 1)} differ: "
                         + ", ".join(f"rank {i} digest {h.prev_digest}" for i, h in enumerate(headers))
                         + "; the ranks' parameters diverged")
     if problems:
-        raise DesyncError(f"ranks disagree before the exchange at step {step}, collective {seq}: "
+        raise DesyncError(f"ranks disagree before the exchange at {step_name(step)}, collective {seq}: "
                           + "; ".join(problems))
 
 

@@ -319,7 +319,7 @@ class _Signals:
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, start_method: str = "spawn",
           grace_seconds: float = 2.0, preload: Sequence[str] = (), forward_signals: bool = True,
-          stop_timeout: Optional[float] = None) -> None:
+          stop_timeout: Optional[float] = None, members: Optional[int] = None) -> None:
     """Run ``fn(rank, *args)`` in ``nprocs`` fresh processes and wait for all of them.
 
     Call-order contract: ``fn`` must be importable by name (a module-level function) and must set
@@ -351,6 +351,10 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, st
             (keyword-only; ``False`` leaves this process's handlers alone).
         stop_timeout: seconds the workers get to stop after a forwarded request before they are
             terminated (``None``: no limit; the collective timeout still ends a hung group).
+        members: the first ``members`` processes form the group whose stop must agree (``None``:
+            all of them). The others are replacements waiting to join it: one that was admitted
+            stops with the group (same step); one that was not returns without a stop and takes
+            no part in the agreement.
 
     Raises:
         WorkerFailedError: a worker raised or died; the message names the rank that failed first,
@@ -370,15 +374,17 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, st
                                  join=False, start_method=start_method)
         procs = list(ctx.processes)
         try:
-            _supervise(procs, Path(failure_dir), beats, sig, float(grace_seconds), stop_timeout)
+            _supervise(procs, Path(failure_dir), beats, sig, float(grace_seconds), stop_timeout,
+                       len(procs) if members is None else int(members))
         finally:  # whatever ends the supervision (also an exception in this process), no worker outlives it
             if any(p.is_alive() and _exists(p.pid) for p in procs):
                 _stop_now(procs, Path(failure_dir), float(grace_seconds))
 
 
 def _supervise(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, sig: _Signals, grace: float,
-               stop_timeout: Optional[float]) -> None:
-    """Wait for the workers; on a failure or a stop request, stop them and raise."""
+               stop_timeout: Optional[float], members: int) -> None:
+    """Wait for the workers; on a failure or a stop request, stop them and raise (the stop must be
+    agreed by the first ``members`` processes and by every other one that reports a stop)."""
     forwarded: Optional[float] = None
     while True:
         codes = _exit_codes(procs)
@@ -415,9 +421,10 @@ def _supervise(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, 
         return
     steps = sorted({r.get("step") for r in stopped}, key=str)
     signum = sig.signum or int(stopped[0].get("signum") or signal.SIGTERM)
-    if len(stopped) != len(procs) or len(steps) != 1 or steps[0] is None:
+    group = {int(r["rank"]) for r in stopped if int(r["rank"]) < members}
+    if len(group) != members or len(steps) != 1 or steps[0] is None:  # a replacement never admitted: no vote
         raise Interrupted(None, signum=signum, detail=f"The ranks reported different stop steps: "
-                          f"{ {int(r['rank']): r.get('step') for r in stopped} } of {len(procs)} ranks.")
+                          f"{ {int(r['rank']): r.get('step') for r in stopped} } of the {members} members.")
     raise Interrupted(int(steps[0]), signum=signum, checkpointed=all(bool(r.get("checkpointed")) for r in stopped))
 
 

@@ -32,7 +32,8 @@ from ..aggregators.base import Aggregator
 from ..errors import ConfigError, IntegrityError, NonFiniteInputError, ShapeError
 from ..integrity import IntegrityReport, checksum, inspect_rows
 from .comm import Communicator, LocalComm
-from .header import HEADER_LEN, Header, check_headers, decode_headers, dtype_code, dtype_of, encode_headers
+from .header import (HEADER_LEN, Header, check_headers, decode_headers, dtype_code, dtype_of, encode_headers,
+                     step_name)
 from .sharded import AUTO_MIN_D, supports_sharding
 
 __all__ = ["NonFinitePolicy", "Reduced", "Reduction", "register_reduction", "reduction_modes", "make_reduction",
@@ -346,7 +347,7 @@ class Reduction(abc.ABC):
         x, sums = self._gather_rows(rows, dtype, step, keep=True, headers=headers or None)
         bad = [] if self._in_process() else [i for i, r in enumerate(inspect_rows(x, sums)) if r.corrupted]
         if bad:
-            raise IntegrityError(f"step {step}: shared rows of rank(s) {bad} do not match their checksums.")
+            raise IntegrityError(f"{step_name(step)}: shared rows of rank(s) {bad} do not match their checksums.")
         return x
 
     def finite_rows(self, x: torch.Tensor, rows: list[int], *, step: int) -> list[int]:
@@ -360,7 +361,7 @@ class Reduction(abc.ABC):
         Args:
             x: ``(n, d)`` the shared submissions (any floating dtype); not modified.
             rows: the row indices to check (e.g. the honest ranks), ascending.
-            step: the step id (for the messages).
+            step: the 0-based step id (messages name step ``step + 1``).
 
         Returns:
             the finite ones of ``rows``, in the given order (every one under ``DROP`` when all are
@@ -376,11 +377,11 @@ class Reduction(abc.ABC):
         if not bad:
             return list(rows)
         if self.on_nonfinite is NonFinitePolicy.ABORT:
-            raise NonFiniteInputError(f"step {step}: submissions of rank(s) {bad} hold NaN or inf. Set "
+            raise NonFiniteInputError(f"{step_name(step)}: submissions of rank(s) {bad} hold NaN or inf. Set "
                                       "on_nonfinite='drop' to leave such rows out and count them as faults.")
         kept = [i for i in rows if i not in bad]
         if not kept:
-            raise IntegrityError(f"step {step}: every checked submission (rank(s) {bad}) is non-finite.")
+            raise IntegrityError(f"{step_name(step)}: every checked submission (rank(s) {bad}) is non-finite.")
         return kept
 
     @abc.abstractmethod
@@ -396,7 +397,8 @@ class Reduction(abc.ABC):
 
         Args:
             rows: ``{rank: (d,) tensor}`` for the workers this process hosts.
-            step: the step id (checked against every other rank's).
+            step: the 0-based step id (checked against every other rank's); messages name the step by its
+                1-based number (:func:`~robustagg.distributed.header.step_name`).
             aux: ``{rank: (loss, seconds)}`` carried in the headers (informational).
             want_weights: also compute ``rule.weights`` of the kept rows (for metrics).
             headers: this step's headers from :meth:`announce` (they name the members).

@@ -19,7 +19,7 @@ from ..errors import ConfigError, IntegrityError, NonFiniteInputError
 from ..integrity import checksum, inspect_rows
 from .comm import CollectiveError, Communicator, ProcessGroupComm
 from .gather import GatherReduction
-from .header import Header, dtype_of
+from .header import Header, dtype_of, step_name
 from .reduction import NonFinitePolicy, Reduced, Transform, frame, register_reduction, unframe
 from .sharded import (AUTO_MIN_D, SliceStatistics, aggregate_block, block_shares, shard_bounds, stateful_clipping_of,
                       supports_sharding)
@@ -206,16 +206,16 @@ class ShardedReduction(GatherReduction):
         verdict = self._allreduce(verdict)
         corrupted = [i for i in range(world) if verdict[i, 0] > 0]
         if corrupted:
-            raise IntegrityError(f"step {step}: slices of the submissions of rank(s) {corrupted} do not match their "
+            raise IntegrityError(f"{step_name(step)}: slices of the submissions of rank(s) {corrupted} do not match their "
                                  "checksums (corrupted in transit).")
         bad = [i for i in range(world) if verdict[i, 1] > 0]
         if bad and self.on_nonfinite is NonFinitePolicy.ABORT:
-            raise NonFiniteInputError(f"step {step}: submissions of rank(s) {bad} hold NaN or inf. Set "
+            raise NonFiniteInputError(f"{step_name(step)}: submissions of rank(s) {bad} hold NaN or inf. Set "
                                       "on_nonfinite='drop' to leave such rows out and count them as faults.")
         self.faults.extend((step, r) for r in bad)
         kept = [i for i in range(world) if i not in bad]
         if not kept:
-            raise IntegrityError(f"step {step}: every submission is non-finite; nothing to aggregate.")
+            raise IntegrityError(f"{step_name(step)}: every submission is non-finite; nothing to aggregate.")
         self.rule.check(len(kept))
         xs = block if not bad else block[kept]
         stats = SliceStatistics(self._allreduce)

@@ -24,7 +24,9 @@ attempt, one replacement process per lost worker id (:func:`run_joiner`). The pr
    or with ``trainer.peer_copy`` from the in-memory copy of the survivor that holds it in the
    ring when that is newer or the disk copy is missing (:func:`share_peer_copies`,
    :mod:`~robustagg.launch.peer`); every rank learns where each joiner's state came from
-   (:func:`gather_reports`) and all stop together when a joiner has none;
+   (:func:`gather_reports`); a joiner that has none (its peer copy refused and no disk copy, or the
+   live peer's bytes not matching its manifest) leaves with evidence, and the others install epoch
+   ``e + 2`` without it (:func:`install_leave`) and go on at that size;
 5. before anyone trains, every rank compares parameter and optimizer-state digests
    (:meth:`~robustagg.training.Trainer.check_parameters`); the lineage gets a ``grow`` record.
 
@@ -38,8 +40,9 @@ from __future__ import annotations
 
 import io
 import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -50,9 +53,28 @@ from .quorum import Membership, fmt_members
 if TYPE_CHECKING:  # pragma: no cover
     from ..training import Trainer
 
-__all__ = ["Regroup", "GrowWatch", "ask_to_join", "wait_for_grow", "install_grow", "wait_for_epoch", "form_group",
+__all__ = ["Regroup", "GrowWatch", "ask_to_join", "wait_for_grow", "install_grow", "install_leave", "wait_for_epoch",
+           "form_group",
            "send_state", "receive_state", "own_state_from_disk", "mark_done", "share_peer_copies", "gather_reports",
            "join_when_admitted", "next_group"]
+
+
+@contextmanager
+def _collective(what: str) -> Iterator[None]:
+    """Raise a failed collective of the grow as :class:`~robustagg.distributed.comm.CollectiveError`.
+
+    gloo reports a peer that died in the middle of a transfer as a bare ``RuntimeError``
+    ("Connection closed by peer"); as a collective error it is what it is, a consequence, and the
+    launcher names the process that died (:func:`~robustagg.distributed.launch.spawn`) instead.
+    """
+    from ..distributed.comm import CollectiveError
+
+    try:
+        yield
+    except CollectiveError:
+        raise
+    except RuntimeError as exc:
+        raise CollectiveError(f"{what} failed: {exc}") from exc
 
 
 class Regroup(Exception):
@@ -211,6 +233,27 @@ def install_grow(ms: Membership, epoch: int, joiners: Sequence[int]) -> tuple[in
     return got
 
 
+def install_leave(ms: Membership, epoch: int, leaving: Sequence[int]) -> tuple[int, ...]:
+    """Rank 0 of a grown group in which some joiners cannot take part: epoch ``e + 1`` = members - ``leaving``.
+
+    Every member of epoch ``e`` learnt the same reports (:func:`gather_reports`), so the decision is
+    theirs, as a grow's is: ``e`` is sealed first, then the next epoch is compare-and-set.
+
+    Raises:
+        QuorumLostError: another membership was installed as epoch ``e + 1`` first.
+    """
+    import json
+
+    want = tuple(w for w in ms.members(epoch) if w not in {int(x) for x in leaving})
+    ms.seal(epoch)
+    got = tuple(int(w) for w in json.loads(ms.store.compare_set(ms._k("epoch", int(epoch) + 1), "",
+                                                                json.dumps(list(want))).decode()))
+    if got != want:
+        raise QuorumLostError(f"cannot leave worker(s) {sorted(leaving)} out of epoch {epoch}: epoch {epoch + 1} is "
+                              f"already {fmt_members(got)}.")
+    return got
+
+
 def form_group(ms: Membership, epoch: int, members: Sequence[int], me: int, *, backend: str, timeout_s: float) -> None:
     """Leave the current process group (if any) and join epoch ``epoch``'s: ranks in worker-id order.
 
@@ -244,6 +287,9 @@ def send_state(state: Optional[dict[str, Any]], *, src: int, src_worker: int) ->
 
     Returns:
         on every rank: ``{"manifest": {"sha256", "size", "step", "from_worker"}, "payload": bytes}``.
+
+    Raises:
+        CollectiveError: the broadcast failed (a peer died in the transfer).
     """
     import torch.distributed as dist
 
@@ -255,7 +301,8 @@ def send_state(state: Optional[dict[str, Any]], *, src: int, src_worker: int) ->
         payload = buf.getvalue()
         box = [{"manifest": {"sha256": sha256_bytes(payload), "size": len(payload), "step": int(state["step"]),
                              "from_worker": int(src_worker)}, "payload": payload}]
-    dist.broadcast_object_list(box, src=int(src))
+    with _collective(f"the state transfer from worker {src_worker}"):
+        dist.broadcast_object_list(box, src=int(src))
     return dict(box[0])
 
 
@@ -325,7 +372,8 @@ def share_peer_copies(memory: Any, joiners: Sequence[int], holders: Sequence[int
     for w in sorted(int(j) for j in joiners):
         src = order.index(holder_of(w, holders, ring))
         box: list[Any] = [memory.message(w) if memory is not None and dist.get_rank() == src else None]
-        dist.broadcast_object_list(box, src=src)
+        with _collective(f"the peer copy of worker {w}'s own state"):
+            dist.broadcast_object_list(box, src=src)
         out[w] = box[0]
     return out
 
@@ -336,5 +384,6 @@ def gather_reports(mine: Optional[dict[str, Any]]) -> list[Optional[dict[str, An
     import torch.distributed as dist
 
     box: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(box, mine)
+    with _collective("the joiners' reports"):
+        dist.all_gather_object(box, mine)
     return list(box)

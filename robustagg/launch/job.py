@@ -23,6 +23,7 @@ import torch
 
 from ..aggregators.base import Aggregator
 from ..errors import AssumptionError, AssumptionWarning, ConfigError
+from ..limits import limit, limit_problems
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..distributed.comm import Communicator
@@ -31,12 +32,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..training.faults import Fault
     from ..training.trainer import Shard
 
-__all__ = ["RunSettings", "WorkerContext", "WorkerParts", "Job", "shrink_job", "grow_job"]
+__all__ = ["RunSettings", "WorkerContext", "WorkerParts", "Job", "shrink_job", "grow_job", "MAX_THREADS",
+           "MIN_TIMEOUT_S", "MAX_TIMEOUT_S"]
+
+#: The most torch threads per process accepted: more is a typo (a million threads crash the process
+#: and exhaust the machine's process table for everyone).
+MAX_THREADS = 256
+#: The shortest and longest collective timeout accepted, in seconds: a group's own rendezvous takes
+#: longer than a second on a loaded machine; longer than a day is a hang by another name.
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 86400.0
 
 
 @dataclass
 class RunSettings:
     """How the library runs and supervises a job (the trainer's knobs that are not the experiment's objects).
+
+    Each numeric field declares its type, range and meaning once (:func:`~robustagg.limits.limit`
+    metadata), and :meth:`check` derives the range checks and their messages from those declarations.
 
     Attributes:
         mode: ``"processes"`` (one OS process per worker, or the group torchrun started) or
@@ -49,10 +61,11 @@ class RunSettings:
             parameter and optimizer digests across ranks every K steps (0: only at the end).
         reduction: ``auto``, ``gather`` or ``sharded``. on_nonfinite: ``abort`` or ``drop``.
         metrics: per-step ``agg/*`` metrics. progress: a progress bar on rank 0.
-        device: ``cpu`` or ``cuda``. backend: ``gloo`` or ``nccl``. threads: torch threads per process.
+        device: ``cpu`` or ``cuda``. backend: ``gloo`` or ``nccl``. threads: torch threads per process
+            (1 .. :data:`MAX_THREADS`).
         start_method: ``fork``, ``spawn``, ``forkserver`` or ``auto`` (fork on Linux with CPU).
-        collective_timeout_s: seconds a collective waits. master_addr, port: rendezvous of spawned
-            workers (port 0: a free one).
+        collective_timeout_s: seconds a collective waits (:data:`MIN_TIMEOUT_S` ..
+            :data:`MAX_TIMEOUT_S`). master_addr, port: rendezvous of spawned workers (port 0: a free one).
         checkpoint_every: committed checkpoint every K steps and at the end (0: none).
         checkpoint_keep: committed checkpoints kept. ckpt_dir: the checkpoint folder (empty:
             ``<run_dir>/checkpoints``).
@@ -90,33 +103,41 @@ class RunSettings:
     """
 
     mode: str = "processes"
-    steps: int = 100
-    batch_size: int = 32
+    steps: int = field(default=100, metadata=limit(0, None, "optimizer steps", integer=True))
+    batch_size: int = field(default=32, metadata=limit(1, None, "examples per worker per step", integer=True))
     seed: int = 0
-    worker_momentum: float = 0.0
-    eval_every: int = 0
-    param_check_every: int = 0
+    worker_momentum: float = field(default=0.0, metadata=limit(0, 1, "beta of each worker's momentum, 0 = off",
+                                                                high_open=True))
+    eval_every: int = field(default=0, metadata=limit(0, None, "steps between evaluations, 0 = at the end",
+                                                      integer=True))
+    param_check_every: int = field(default=0, metadata=limit(0, None, "steps between digest checks, 0 = at the end",
+                                                             integer=True))
     reduction: str = "auto"
     on_nonfinite: str = "abort"
     metrics: bool = True
     progress: bool = False
     device: str = "cpu"
     backend: str = "gloo"
-    threads: int = 1
+    threads: int = field(default=1, metadata=limit(1, MAX_THREADS, "torch threads per process", integer=True))
     start_method: str = "auto"
-    collective_timeout_s: float = 60.0
+    collective_timeout_s: float = field(default=60.0, metadata=limit(
+        MIN_TIMEOUT_S, MAX_TIMEOUT_S, "seconds a collective waits for the others: at least a second, at most a day",
+        example=60))
     master_addr: str = "127.0.0.1"
-    port: int = 0
-    checkpoint_every: int = 0
-    checkpoint_keep: int = 3
+    port: int = field(default=0, metadata=limit(0, 65535, "a TCP port, 0 = pick a free one", integer=True))
+    checkpoint_every: int = field(default=0, metadata=limit(0, None, "steps between committed checkpoints, 0 = none",
+                                                            integer=True))
+    checkpoint_keep: int = field(default=3, metadata=limit(1, None, "committed checkpoints kept", integer=True))
     ckpt_dir: str = ""
     resume: str = "auto"
     resume_changes: str = "refuse"
-    max_restarts: int = 0
+    max_restarts: int = field(default=0, metadata=limit(0, None, "restarts after a failure", integer=True))
     on_failure: str = "restart"
     shrink_shards: str = "drop"
-    straggler_factor: float = 10.0
-    processes: int = 0
+    straggler_factor: float = field(default=10.0, metadata=limit(1, None, "step medians that make a straggler",
+                                                                 low_open=True))
+    processes: int = field(default=0, metadata=limit(0, None, "OS processes hosting the workers, 0 = one each",
+                                                     integer=True))
     measure_bias: bool = False
     precision: str = "32"
     batched_gradients: bool = False
@@ -133,8 +154,13 @@ class RunSettings:
     def check(self) -> None:
         """Refuse values that cannot work (before any process starts).
 
+        The numeric ranges are declared once, on the fields (:func:`~robustagg.limits.limit`), and
+        checked by :func:`~robustagg.limits.limit_problems`; an app checks its configuration with
+        the same declarations (``limit_problems(RunSettings, values, key=...)``) before it builds
+        the settings, so both refuse the same values with the same message.
+
         Raises:
-            ConfigError: naming the setting, the value and the allowed range.
+            ConfigError: naming the setting, the value and the allowed range (the first problem).
         """
         choices = {"mode": ("processes", "simulated"), "on_nonfinite": ("abort", "drop"),
                    "device": ("cpu", "cuda"), "backend": ("gloo", "nccl"),
@@ -143,14 +169,8 @@ class RunSettings:
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{self.key(key)} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}.")
-        for key in ("steps", "eval_every", "param_check_every", "checkpoint_every", "max_restarts", "processes"):
-            if int(getattr(self, key)) < 0:
-                raise ConfigError(f"{self.key(key)} must be >= 0; got {getattr(self, key)}.")
-        for key in ("batch_size", "threads", "checkpoint_keep"):
-            if int(getattr(self, key)) < 1:
-                raise ConfigError(f"{self.key(key)} must be >= 1; got {getattr(self, key)}.")
-        if not 0.0 <= float(self.worker_momentum) < 1.0:
-            raise ConfigError(f"{self.key('worker_momentum')} must be in [0, 1); got {self.worker_momentum}.")
+        for problem in limit_problems(RunSettings, self, key=self.key):  # the ranges declared on the fields
+            raise ConfigError(problem)
         if self.rejoin and self.on_failure != "shrink":
             raise ConfigError(f"{self.key('rejoin')}=true needs {self.key('on_failure')}=shrink (a lost worker first "
                               f"leaves the group, then its replacement joins it); got on_failure={self.on_failure}.")
@@ -246,6 +266,9 @@ class Job:
         ConfigError: ``n < 1``, identities of the wrong length or not distinct, Byzantine ids that
             are not workers, every worker Byzantine, ``settings.processes`` above ``n``, or a
             ``settings.membership`` schedule naming a worker id ``>= n`` or leaving nobody.
+            A fault's ``join_step`` at or after the last step (``settings.steps``).
+        AssumptionError: ``settings.membership`` leaves, at some step, fewer workers than the strict
+            rule's requirement needs.
     """
 
     build: Callable[["WorkerContext"], WorkerParts]
@@ -299,9 +322,27 @@ class Job:
         self.n_initial = int(self.n_initial or self.n)
         self.processes()  # refuse trainer.processes > n in either mode, not only when processes start
         if self.settings.membership:  # worker ids and "one must remain" need n: checked here, before launch
-            from .schedule import parse_membership
+            self._check_schedule()
+        for fault in self.faults:  # a grow boundary the run never reaches: the replacement would never join
+            if int(fault.join_step) >= int(self.settings.steps) > 0:
+                raise ConfigError(f"fault {fault.id}: join_step={fault.join_step} is not before the run's last step "
+                                  f"({self.settings.key('steps')}={self.settings.steps}): the run ends before that "
+                                  f"boundary; use a join_step below {self.settings.steps}, or 0 (whenever it is ready).")
 
-            parse_membership(self.settings.membership, key=self.settings.key("membership"), n=self.n_initial)
+    def _check_schedule(self) -> None:
+        """The membership schedule against n and the rule: every size it passes through must meet the
+        rule's requirement (a strict rule refuses it here, not after the steps before the change ran)."""
+        from .schedule import parse_membership, sizes
+
+        key = self.settings.key("membership")
+        sched = parse_membership(self.settings.membership, key=key, n=self.n_initial)
+        for step, size in sizes(sched, self.n_initial).items():
+            try:
+                self.check_rule(size)
+            except AssumptionError as exc:
+                raise AssumptionError(f"{key} leaves {size} of the n={self.n_initial} workers from step {step} on: "
+                                      f"{exc} Change the schedule (or the rule) so every step keeps enough "
+                                      "workers.") from None
 
     def processes(self) -> int:
         """OS processes of the ``processes`` mode (``settings.processes``, or one per worker).

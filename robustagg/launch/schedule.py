@@ -37,7 +37,7 @@ from ..errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from ..training import Trainer
 
-__all__ = ["Absence", "parse_membership", "members_at", "MembershipWatch"]
+__all__ = ["Absence", "parse_membership", "members_at", "sizes", "MembershipWatch"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,10 @@ class Absence:
         """True when the 1-based ``step`` is one of the absence's."""
         return self.start <= int(step) and (self.stop == 0 or int(step) < self.stop)
 
+    def overlaps(self, other: "Absence") -> bool:
+        """True when some step is one of both absences' (whatever their workers)."""
+        return self.covers(other.start) or other.covers(self.start)
+
 
 def parse_membership(items: Iterable[Any], *, key: str = "trainer.membership", n: int = 0) -> tuple[Absence, ...]:
     """Check and parse a schedule: a list of ``{"workers": [ids], "absent": [a, b]}``.
@@ -69,8 +73,9 @@ def parse_membership(items: Iterable[Any], *, key: str = "trainer.membership", n
 
     Raises:
         ConfigError: an entry is not a mapping with exactly ``workers`` and ``absent``, a worker id
-            is negative or ``>= n``, ``a < 1``, ``b`` is neither 0 nor ``> a``, or at some step
-            every worker would be absent.
+            or step is not a whole number, a worker is listed twice in one entry, a worker id is
+            negative or ``>= n``, ``a < 1``, ``b`` is neither 0 nor ``> a``, two entries make one
+            worker absent at the same step, or at some step every worker would be absent.
     """
     out: list[Absence] = []
     for i, item in enumerate(items or ()):
@@ -78,25 +83,54 @@ def parse_membership(items: Iterable[Any], *, key: str = "trainer.membership", n
         if not isinstance(item, Mapping) or set(item) != {"workers", "absent"}:
             raise ConfigError(f"{where} must be {{workers: [worker ids], absent: [first step, first step back]}}; "
                               f"got {item!r}.")
-        try:
-            workers = tuple(sorted({int(w) for w in item["workers"]}))
-            a, b = (int(v) for v in item["absent"])
-        except (TypeError, ValueError):
+        raw_workers, raw_absent = item["workers"], item["absent"]
+        if (isinstance(raw_workers, (str, bytes)) or not isinstance(raw_workers, Iterable)
+                or isinstance(raw_absent, (str, bytes)) or not isinstance(raw_absent, Iterable)
+                or not all(_whole(v) for v in (*raw_workers, *raw_absent)) or len(list(raw_absent)) != 2):
             raise ConfigError(f"{where}: workers must be a list of worker ids and absent a pair [a, b] of 1-based "
-                              f"steps; got {dict(item)!r}.") from None
+                              f"steps, all whole numbers; got {dict(item)!r}.")
+        listed = [int(w) for w in raw_workers]
+        workers = tuple(sorted(set(listed)))
+        a, b = (int(v) for v in raw_absent)
+        if len(listed) != len(workers):
+            twice = sorted({w for w in listed if listed.count(w) > 1})
+            raise ConfigError(f"{where}.workers lists worker(s) {twice} more than once; name each worker once.")
         if not workers or min(workers) < 0 or (n and max(workers) >= n):
             top = n - 1 if n else "n-1"
             raise ConfigError(f"{where}.workers must name worker ids in 0..{top}; got {list(workers)}.")
         if a < 1 or (b != 0 and b <= a):
             raise ConfigError(f"{where}.absent = [{a}, {b}]: the workers are absent in the 1-based steps a..b-1, so "
                               "a >= 1 and b > a (or b = 0: they never come back).")
-        out.append(Absence(workers, a, b))
+        new = Absence(workers, a, b)
+        for j, old in enumerate(out):
+            both = sorted(set(old.workers) & set(workers))
+            if both and old.overlaps(new):
+                raise ConfigError(f"{where} and {key}[{j}] both make worker(s) {both} absent at step "
+                                  f"{max(old.start, new.start)}; merge them into one entry (an absence is one "
+                                  "interval of steps per worker).")
+        out.append(new)
     sched = tuple(out)
     if n:
         for s in sorted({x.start for x in sched}):
             if not members_at(sched, range(n), s):
                 raise ConfigError(f"{key}: every worker is absent at step {s}; at least one must remain.")
     return sched
+
+
+def _whole(v: Any) -> bool:
+    """True for a whole number (``3``, ``3.0``); ``3.5``, ``True`` and ``"3"`` are not steps or worker ids."""
+    return not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+
+
+def sizes(schedule: Sequence[Absence], n: int) -> dict[int, int]:
+    """``{1-based step: the number of members from that step on}`` at every change of the schedule.
+
+    Example:
+        >>> sizes([Absence((4, 5), 3, 5)], 6)
+        {3: 4, 5: 6}
+    """
+    changes = sorted({x.start for x in schedule} | {x.stop for x in schedule if x.stop})
+    return {s: len(members_at(schedule, range(int(n)), s)) for s in changes}
 
 
 def members_at(schedule: Sequence[Absence], workers: Iterable[int], step: int) -> tuple[int, ...]:

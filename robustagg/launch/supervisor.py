@@ -286,17 +286,20 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
     while True:
         port = int(s.port) or free_port(addr)
         try:
-            spawn(spawned_entry, job.processes() + len(attempt.joiners), args=(job, f"tcp://{addr}:{port}", attempt), start_method=method,
-                  preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"),
-                  grace_seconds=2.0 if members is None else _QUORUM_GRACE_S)
+            spawn(spawned_entry, job.processes() + len(attempt.joiners), args=(job, f"tcp://{addr}:{port}", attempt),
+                  start_method=method, preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"),
+                  grace_seconds=2.0 if members is None else _QUORUM_GRACE_S,
+                  members=job.processes())  # the joiners (after them) vote on a stop only once admitted
             break
         except WorkerFailedError as exc:
             hosts = job.hosts() or tuple(range(job.n))
             lost = [job.identities[w] for w in range(job.n) if hosts[w] in exc.lost]
+            # a replacement (after the members' processes) that died is gone too, though it was not a member yet
+            gone = [int(attempt.joiners[i - job.processes()]["worker"]) for i in exc.lost if i >= job.processes()]
             last = last_step_reached(out)
             more = attempt.number < int(s.max_restarts) and exc.error_type not in _NOT_RESTARTED
             try:
-                det = record_failure(out, attempt.number, lost=lost, message=str(exc), archive=more)
+                det = record_failure(out, attempt.number, lost=sorted(lost + gone), message=str(exc), archive=more)
             except StorageError:
                 if exc.error_type != "StorageError":
                     raise

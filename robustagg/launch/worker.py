@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl
+from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl, sha256_bytes
 from ..distributed import Communicator, LocalComm, ProcessGroupComm, ShardedReduction, make_reduction
 from ..errors import AssumptionWarning, CheckpointError, ConfigError, Interrupted, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
@@ -25,8 +25,9 @@ from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, Stragg
                         save_model, seed_everything, write_evidence, write_json)
 from ..training.faults import PartitionedError, fired_faults
 from ..training.resume import FAULT_LOG
-from .grow import (GrowWatch, Regroup, form_group, gather_reports, install_grow, join_when_admitted, mark_done,
-                   next_group, own_state_from_disk, receive_state, send_state, share_peer_copies, wait_for_epoch)
+from .grow import (GrowWatch, Regroup, form_group, gather_reports, install_grow, install_leave, join_when_admitted,
+                   mark_done, next_group, own_state_from_disk, receive_state, send_state, share_peer_copies,
+                   wait_for_epoch)
 from .identity import diff_fingerprints, optimizer_changes
 from .job import Job, WorkerContext, grow_job, shrink_job
 from .peer import PeerMemory, absent_records, choose_own_state, committed_record
@@ -282,14 +283,14 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                 if schedule:
                     continue  # the loop's head rebuilds the group for the next step's members
                 assert membership is not None
-                job, comm, parts, trainer, injector, membership, grown = _grow_survivor(
+                job, comm, parts, trainer, injector, membership, grew = _grow_survivor(
                     job, attempt, trainer, device, store, membership, group, at.step, memory)
+                grown = grew or grown  # None: every joiner of this grow left (rejoin_refused in the lineage)
                 pending = [w for w in pending if w not in group]
                 restored = Restored(step=trainer.step_id, checkpoint=None)
         main = comm.is_main
         if membership is not None and main:
-            for e in range(int((attempt.membership or {}).get("epoch", membership[1])), membership[1] + 1):
-                mark_done(membership[0], e)  # a joiner still waiting under any of them may exit
+            _release_joiners(membership, attempt)
         if not main:
             return None
         summary = result.to_dict()
@@ -322,6 +323,11 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
         if wandb_sink is not None:
             wandb_sink.failed = True
         if isinstance(exc, (KeyboardInterrupt, Interrupted)):  # a requested stop is not a failure
+            if membership is not None and comm.is_main:
+                try:
+                    _release_joiners(membership, attempt)  # a replacement still waiting to join may leave now
+                except Exception as mark_exc:  # the stop must still be reported as a stop
+                    log.warning("could not tell waiting replacements that the run stopped: %s", mark_exc)
             raise
         decision, lost_quorum = _decide_membership(job, membership, injector, ids, trainer, exc)
         try:
@@ -427,10 +433,31 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     if job.settings.peer_copy:
         share_peer_copies(memory, joiners, _holders(ms, attempt), members, ring)
     reports = [r for r in gather_reports(None) if r is not None]
-    _refuse_unplaced(reports)
+    now = epoch + 1
+    unplaced = _unplaced(reports)
+    if unplaced:  # they leave with their evidence; the others go on without them
+        new_job, comm, parts, new_trainer, injector, members = _without(
+            job, new_trainer, ms, now, unplaced, me, device, attempt, store)
+        now += 1
+        placed = [r for r in reports if r["worker"] not in unplaced]
+        if comm.is_main and store is not None:
+            for r in reports:
+                if r["worker"] in unplaced:
+                    why = r.get("refused") or "no own state"
+                    store.append_lineage({"event": "rejoin_refused", "step": int(step), "worker": r["worker"],
+                                          "epoch": [epoch + 1, now], "reason": why, "members": list(members)})
+                    append_jsonl(Path(job.run_dir) / "detections.jsonl", {
+                        "kind": "rejoin_refused", "step": int(step), "ranks": [r["worker"]], "message": why[:500],
+                        "attempt": attempt.number, "source": "in-run", "action": "left out"})
+        reports = placed
+        if placed:
+            new_job, record = grow_job(job, [r["worker"] for r in placed], byzantine=byz,
+                                       reason=f"rejoin of worker(s) {[r['worker'] for r in placed]}")
     new_trainer.check_parameters()  # the joiners take part only once every digest agrees
     done = time.time()
-    grown = {**record, "step": int(step), "epoch": [epoch, epoch + 1], "decided_by": f"every member of epoch {epoch}",
+    if not reports:  # nobody joined after all: no grow to record
+        return new_job, comm, parts, new_trainer, injector, (ms, now), None
+    grown = {**record, "step": int(step), "epoch": [epoch, now], "decided_by": f"every member of epoch {epoch}",
              "state_from": f"live peer worker {min(survivors)} over the process group (SHA-256 checked by the joiner)",
              "own_state_from": {str(r["worker"]): r["checkpoint"] for r in reports},
              "sources": {"replicated": f"peer {min(survivors)}",
@@ -442,7 +469,7 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
                 store.append_lineage({"event": "peer_copy_refused", "step": int(step), "worker": r["worker"],
                                       "reason": r["refused"], "used": r["source"]})
         store.append_lineage(grown)
-    return new_job, comm, parts, new_trainer, injector, (ms, epoch + 1), grown
+    return new_job, comm, parts, new_trainer, injector, (ms, now), grown
 
 
 def _holders(ms: Membership, attempt: Attempt) -> tuple[int, ...]:
@@ -450,12 +477,43 @@ def _holders(ms: Membership, attempt: Attempt) -> tuple[int, ...]:
     return ms.members(int((attempt.membership or {})["epoch"]))
 
 
-def _refuse_unplaced(reports: list[dict[str, Any]]) -> None:
-    """Every rank of the new group: stop when some joiner has no usable own state (it raises too)."""
-    bad = [r for r in reports if not r["source"]]
-    if bad:
-        raise CheckpointError("; ".join(f"worker {r['worker']} cannot take part: {r.get('refused') or 'no own state'}"
-                                        for r in bad))
+def _unplaced(reports: list[dict[str, Any]]) -> list[int]:
+    """The joiners of a grow that have no usable state (every rank of the new group read the same reports)."""
+    return sorted(int(r["worker"]) for r in reports if not r["source"])
+
+
+def _without(base: Job, trainer: Trainer, ms: Membership, epoch: int, leaving: list[int], me: int,
+             device: torch.device, attempt: Attempt, store: Optional[CheckpointStore]) -> tuple[Any, ...]:
+    """Every member of epoch ``epoch`` that stays, after some joiners could not take part: install
+    epoch ``epoch + 1`` without them, form its group and carry this trainer's state over.
+
+    Args:
+        base: the job before this grow (the survivors'). trainer: this process's trainer of ``epoch``
+            (a survivor's own state; a staying joiner's, loaded from the peer).
+        leaving: the joiners that leave (their own processes return without training).
+
+    Returns:
+        ``(job, comm, parts, trainer, injector, members)`` of epoch ``epoch + 1``.
+    """
+    state = trainer.state_dict()
+    timeout = float(base.settings.collective_timeout_s)
+    members = install_leave(ms, epoch, leaving) if trainer.is_main else wait_for_epoch(ms, epoch + 1,
+                                                                                        timeout_s=timeout)
+    back = [w for w in members if w not in base.identities]
+    byz = [int(j["worker"]) for j in attempt.joiners if j.get("byzantine")]
+    job = grow_job(base, back, byzantine=byz, reason=f"rejoin of worker(s) {back}")[0] if back else base
+    comm = _new_group(job, ms, epoch + 1, members, me, device)
+    parts, new_trainer, injector = _make_trainer(job, comm, device, attempt, store)
+    new_trainer.load_state_dict(state)
+    log.warning("worker(s) %s could not take part in epoch %d; going on as %s", leaving, epoch, fmt_members(members))
+    return job, comm, parts, new_trainer, injector, members
+
+
+def _release_joiners(membership: tuple[Membership, int], attempt: Attempt) -> None:
+    """Rank 0 when the run ends or stops: mark every epoch of this attempt done, so that a replacement
+    still waiting to be admitted under any of them exits (it is not a member: it takes no part in the stop)."""
+    for e in range(int((attempt.membership or {}).get("epoch", membership[1])), membership[1] + 1):
+        mark_done(membership[0], e)
 
 
 def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], device: torch.device,
@@ -499,7 +557,18 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
     parts, trainer, injector = _make_trainer(new_job, comm, device, attempt, store)
     survivors = [w for w in members if w not in joiners]
     src = sorted(members).index(min(survivors))
-    replicated = receive_state(send_state(None, src=src, src_worker=min(survivors)))
+    message = send_state(None, src=src, src_worker=min(survivors))
+    why: Optional[str] = None
+    try:
+        replicated: Optional[dict[str, Any]] = receive_state(message)
+    except CheckpointError as refused:  # the live peer's bytes do not match its manifest: keep the evidence
+        replicated, why = None, str(refused)
+        man, payload = message["manifest"], message["payload"]
+        write_json(Path(job.run_dir) / "evidence" / f"rejoin-{me}.json", {
+            "kind": "transfer_refused", "worker": me, "epoch": epoch + 1, "from_worker": int(man["from_worker"]),
+            "manifest": {k: man[k] for k in ("size", "sha256", "step")},
+            "received": {"size": len(payload), "sha256": sha256_bytes(payload)}, "message": why, "time": time.time()})
+        log.warning("%s", why)
     source = "disk"
     if s.peer_copy:  # its disk copy as of now, or the holder's in-memory copy when that is newer
         peers = share_peer_copies(None, joiners, _holders(ms, attempt), members, tuple(range(job.n_initial)))
@@ -507,21 +576,32 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
             disk: Optional[tuple[dict[str, Any], str]] = own_state_from_disk(store, me)
         except CheckpointError:
             disk = None
-        own, source, own_from, refusal = choose_own_state(me, disk, peers.get(me), committed_record(store, me))
-        if refusal is not None:
-            write_json(Path(job.run_dir) / "evidence" / f"rejoin-{me}.json", {**refusal, "epoch": epoch + 1})
-            log.warning("%s", refusal["message"])
-        why = None if refusal is None else refusal["message"]
-    else:
-        why = None
+        if replicated is not None:
+            own, source, own_from, refusal = choose_own_state(me, disk, peers.get(me), committed_record(store, me))
+            if refusal is not None:
+                write_json(Path(job.run_dir) / "evidence" / f"rejoin-{me}.json", {**refusal, "epoch": epoch + 1})
+                log.warning("%s", refusal["message"])
+            why = None if refusal is None else refusal["message"]
+    if replicated is None:
+        own = None  # without the replicated state it cannot take part, whatever its own state
     reports = [r for r in gather_reports({"worker": me, "source": source if own is not None else "",
                                           "checkpoint": own_from, "refused": why}) if r is not None]
-    _refuse_unplaced(reports)
-    assert own is not None
+    unplaced = _unplaced(reports)
+    if me in unplaced:  # it cannot take part: it leaves, and the others go on without it
+        log.warning("worker %d does not rejoin: %s", me, why or "no own state")
+        return None
+    assert own is not None and replicated is not None
     trainer.load_state_dict({"replicated": replicated, "local": own})
-    grown = {**record, "epoch": [epoch, epoch + 1], "own_state_from": {str(me): own_from},
+    now = epoch + 1
+    if unplaced:  # another joiner of this grow leaves: the rest form the next epoch without it
+        new_job, comm, parts, trainer, injector, members = _without(job, trainer, ms, now, unplaced, me, device,
+                                                                    attempt, store)
+        now += 1
+        joiners = [w for w in joiners if w not in unplaced]
+        record.update(new_n=len(members), joined=joiners, members=list(members))
+    grown = {**record, "epoch": [epoch, now], "own_state_from": {str(me): own_from},
              "sources": {"replicated": f"peer {min(survivors)}", "own": {str(me): source}}}
-    return new_job, comm, parts, trainer, injector, (ms, epoch + 1), grown
+    return new_job, comm, parts, trainer, injector, (ms, now), grown
 
 
 def _join_membership(job: Job, attempt: Attempt, ids: dict[int, int]) -> Optional[tuple[Membership, int]]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional, Sequence
 import numpy as np
 import torch
 
+from ..distributed.header import step_name
 from ..errors import ConfigError, IntegrityError, ReplicaVoteError
 from ..requirements import Requirement
 from .base import RoundPlan, Trainer
@@ -315,10 +316,10 @@ class Redundant(DSGD):
             if lost and self.on_no_majority is OnNoMajority.ABORT:
                 what = "; ".join(f"group {v.group} (replicas {list(v.replicas)}, digests "
                                  f"{ {w: f'{d & (2**64 - 1):016x}' for w, d in v.digests.items()} })" for v in lost)
-                raise ReplicaVoteError(f"step {plan.step + 1}: no {self.q} of {self.r} replicas agree bit for bit in "
+                raise ReplicaVoteError(f"{step_name(plan.step)}: no {self.q} of {self.r} replicas agree bit for bit in "
                                        f"{what}. Set protocol.on_no_majority=drop to leave such groups out.")
             if not self._votes:
-                raise IntegrityError(f"step {plan.step + 1}: no replica group has a majority; nothing to aggregate.")
+                raise IntegrityError(f"{step_name(plan.step)}: no replica group has a majority; nothing to aggregate.")
             rows = [v.row for v in self._votes]
             return x[rows], [v.group for v in self._votes]
 

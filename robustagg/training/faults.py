@@ -102,7 +102,7 @@ class Fault:
             launcher checks that they leave someone on the other side).
         join_step: ``rejoin`` and ``partition``: the survivors admit the replacement (the cut-off
             workers, once the cut heals) exactly after this many completed steps, waiting for it
-            there (0: at the first boundary after it asked).
+            there (0: at the first boundary after it asked); ``>= step`` (a boundary after the loss).
 
     Raises:
         ConfigError: an unknown kind or option (the nearest valid ones are named), or an
@@ -191,6 +191,13 @@ def _membership_problems(fault: Fault) -> list[str]:
     if int(fault.join_step) < 0 or (int(fault.join_step) and fault.kind not in MEMBERSHIP_KINDS):
         return [f"fault {fault.id}: join_step is a rejoin and partition option (>= 0; 0: whenever the replacement "
                 f"is ready); got {fault.join_step}."]
+    if 0 < int(fault.join_step) < int(fault.step):
+        # the survivors admit the joiner after a step they complete once the worker is gone (they restore a
+        # commit before `step` and replay): a boundary before `step` may already lie behind them, and they
+        # would wait there for nothing
+        return [f"fault {fault.id}: join_step={fault.join_step} is before the fault's step={fault.step}: the worker is "
+                f"lost in step {fault.step}, so it can be admitted only after that step or a later one; use join_step >= "
+                f"{fault.step}, or join_step=0 (whenever it is ready)."]
     if fault.kind != "partition":
         return [f"fault {fault.id}: workers is a partition option; remove it."] if workers else []
     if not workers or workers[0] < 0:
