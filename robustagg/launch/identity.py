@@ -23,7 +23,7 @@ from ..checkpoint import CheckpointStore
 from ..errors import ConfigError
 
 __all__ = ["EXCLUDED", "INTRODUCED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
-           "diff_fingerprints"]
+           "diff_fingerprints", "FRESH_START", "resume_log_level"]
 
 #: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
 #: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings,
@@ -124,6 +124,23 @@ def diff_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[st
     return {k: (old.get(k, absent), new.get(k, absent)) for k in keys if old.get(k, absent) != new.get(k, absent)}
 
 
+#: How every "nothing to resume" line ends (:func:`resume_log_level`).
+FRESH_START = "starting at step 0"
+
+
+def resume_log_level(message: str) -> int:
+    """The logging level of the one resume line :func:`check_resume` (or the launcher) wrote.
+
+    A fresh start ("resume: no checkpoint folder yet ...; starting at step 0") is what every new run
+    does: ``logging.INFO``. Anything else (resuming from a checkpoint, newer checkpoints skipped, a
+    changed experiment continued, ``resume=never`` moving to a fresh folder) changes what runs:
+    ``logging.WARNING``, so that it shows even where INFO is hidden.
+    """
+    import logging
+
+    return logging.INFO if message.endswith(FRESH_START) else logging.WARNING
+
+
 @dataclass
 class ResumeCheck:
     """What :func:`check_resume` found in the checkpoint folder.
@@ -179,7 +196,7 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
     root = Path(ckpt_dir)
     result = ResumeCheck()
     if not root.is_dir():
-        result.message = f"resume: no checkpoint folder yet ({root}); starting at step 0"
+        result.message = f"resume: no checkpoint folder yet ({root}); {FRESH_START}"
         return result
     store = CheckpointStore(root)
     candidates = store.candidates()
@@ -201,7 +218,7 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
                               f"resuming would silently start over on top of them:\n{lines}\nFix: restore the "
                               f"files, resume from a checkpoint elsewhere (trainer.resume=PATH), or start over in a "
                               f"new folder with trainer.resume=never (the old files are kept).")
-        result.message = f"resume: no committed checkpoint in {root}; starting at step 0"
+        result.message = f"resume: no committed checkpoint in {root}; {FRESH_START}"
         return result
     path, manifest = chosen
     result.checkpoint, result.step = path.name, int(manifest.get("step", 0))
