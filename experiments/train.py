@@ -257,16 +257,10 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    from .config import check_group_choices, check_setting_keys, run_name_problem
+    from .config import check_command_line
 
     try:
-        check_group_choices(sys.argv[1:])  # faults=[crashh]: name the options before Hydra composes
-        check_setting_keys(sys.argv[1:])  # trainer.stpes=5: one line with the nearest keys
-        for arg in sys.argv[1:]:  # Hydra resolves the run directory from run_name before any of our code
-            if arg.startswith("run_name=") and run_name_problem(arg.partition("=")[2]):
-                from robustagg.errors import ConfigError
-
-                raise ConfigError(run_name_problem(arg.partition("=")[2]))
+        check_command_line(sys.argv[1:])  # faults=[crashh], trainer.stpes=5, threat.n=six: one line each
     except RobustAggError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -83,3 +83,15 @@ class WarmupCosine(LambdaLR):
     def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int, last_epoch: int = -1) -> None:
         self.warmup_steps, self.total_steps = int(warmup_steps), int(total_steps)
         super().__init__(optimizer, WarmupCosineFactor(warmup_steps, total_steps), last_epoch=last_epoch)
+
+    def setting_notes(self) -> list[str]:
+        """A warm-up as long as the run or longer (truncated, never an error, so that a short smoke run
+        of a long schedule works): the rate never leaves the warm-up and peaks at
+        ``total_steps / warmup_steps`` of the base rate. One line, or none.
+        """
+        w, t = self.warmup_steps, self.total_steps
+        if w == 0 or w < t:
+            return []
+        return [f"scheduler.warmup_steps={w} is not shorter than the run (scheduler.total_steps={t}, from "
+                f"trainer.steps): the learning rate never leaves the linear warm-up and peaks at {t}/{w} of "
+                f"optimizer.lr. Set scheduler.warmup_steps below {t} (e.g. {max(1, t // 10)}), or scheduler=cosine."]
