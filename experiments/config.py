@@ -426,6 +426,21 @@ def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
+def _stored_options(group: str) -> list[str]:
+    """The options of ``group`` that Hydra and its plugins keep in the ConfigStore, not in ``conf/``
+    (``hydra/launcher=basic``, Hydra's own launcher); read only for ``hydra/...`` groups."""
+    if not group.startswith("hydra/"):
+        return []
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # imports the installed plugins, which store their configs
+    try:
+        names = ConfigStore.instance().list(group)
+    except OSError:  # no such group in the store
+        return []
+    return [name.removesuffix(".yaml") for name in names]
+
+
 def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     """Refuse a command-line ``group=NAME`` or ``group=[a,b]`` that names no file of ``conf/<group>/``.
 
@@ -454,7 +469,8 @@ def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> 
         items = [v.strip() for v in value.strip("[]").split(",") if v.strip() and v.strip() != "null"]
         options = sorted(p.stem for p in folder.glob("*.yaml"))
         for item in items:
-            if not (folder / f"{item}.yaml").is_file():
+            if not (folder / f"{item}.yaml").is_file() and item not in _stored_options(key):
+                options = sorted(set(options) | set(_stored_options(key)))
                 near = difflib.get_close_matches(item, options, n=2, cutoff=0.6)
                 hint = f" (did you mean {' or '.join(near)}?)" if near else ""
                 raise ConfigError(f"{override}: conf/{key}/ has no option {item!r}{hint}; the options: "
@@ -566,7 +582,8 @@ def check_command_line(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> N
 
     check_group_choices(overrides, conf_dir)
     check_setting_keys(overrides, conf_dir)
-    check_override_types(overrides, TrainConfig)
+    groups = [o for o in overrides if (conf_dir / o.lstrip("+~").partition("=")[0]).is_dir()]
+    check_override_types([o for o in overrides if o not in groups], TrainConfig)  # faults=[crash]: a group choice
     for arg in overrides:  # Hydra resolves the run directory from run_name before any of our code
         if arg.startswith("run_name=") and run_name_problem(arg.partition("=")[2]):
             raise ConfigError(run_name_problem(arg.partition("=")[2]))
