@@ -884,7 +884,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     attack = build_attack(cfg)
     attack_name, kind = "none", None
     if attack is not None and b > 0:
-        attack_name = str(attack.name)
+        attack_name = str(attack.name) or str(cfg.attack.get("_target_"))  # unregistered (mypkg.Shift): its path
         kind = str(getattr(attack.kind, "value", attack.kind))
         if kind == "gradient":
             _dry_run_attack(attack, rule, n, b, attack_name)
@@ -903,7 +903,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
             attack.poison_batch(data.train_x[:2], data.train_y[:2], data.num_classes)
         except RobustAggError as exc:
             raise ConfigError(f"attack={attack_name} does not fit data={cfg.data.name}: {exc}") from None
-    plan = Plan(cfg={}, n=n, f=f, byzantine_ranks=tuple(ranks), rule_name=str(rule.name), attack_name=attack_name,
+    plan = Plan(cfg={}, n=n, f=f, byzantine_ranks=tuple(ranks), rule_name=str(rule.name) or str(cfg.aggregator.get("_target_")), attack_name=attack_name,
                 attack_kind=kind, data=data, device=device, backend=backend, out_dir=str(out_dir))
     # Builds the model and optimizer once here: checks the model fits the data, and imports what
     # torch.optim imports lazily (seconds of CPU) before worker processes are forked.
