@@ -75,19 +75,20 @@ def _text_known(tp: Any) -> bool:
             or (isinstance(tp, type) and issubclass(tp, enum.Enum)))
 
 
-def _fits(value: Any, tp: Any) -> bool:
+def _fits(value: Any, tp: Any, converts: bool = True) -> bool:
     """Whether a config value (scalar, list, mapping, ``None``) can be given where ``tp`` is declared.
 
-    Follows OmegaConf's conversions: a string that reads as a number fits a number, ``"true"``
-    fits a bool, an integer fits a float, any scalar fits a string. A ``${...}`` interpolation or
-    ``???`` fits anything (it is resolved or reported later).
+    An integer fits a float. With ``converts`` (a typed schema node, which OmegaConf converts on
+    assignment) also a string that reads as a number fits a number, ``"true"`` fits a bool and any
+    scalar fits a string; a ``_target_`` parameter is passed as it is, so there it does not. A
+    ``${...}`` interpolation or ``???`` fits anything (it is resolved or reported later).
     """
     if isinstance(value, str) and (value.startswith("${") or value == "???"):
         return True
     if _open(tp):
         return True
     if _is_union(tp):
-        return any(_fits(value, a) for a in _args(tp))
+        return any(_fits(value, a, converts) for a in _args(tp))
     if tp is _NONE:
         return value is None
     if value is None:
@@ -97,13 +98,13 @@ def _fits(value: Any, tp: Any) -> bool:
     if typing.get_origin(tp) is typing.Literal:
         return value in _args(tp)
     if tp is bool:
-        return isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false"))
+        return isinstance(value, bool) or (converts and isinstance(value, str) and value.lower() in ("true", "false"))
     if tp in (int, float):
         if isinstance(value, bool):
             return False
         if isinstance(value, (int, float)) and not (tp is int and isinstance(value, float) and not value.is_integer()):
             return True
-        if isinstance(value, str):
+        if isinstance(value, str) and converts:
             try:
                 tp(value)
             except ValueError:
@@ -111,13 +112,13 @@ def _fits(value: Any, tp: Any) -> bool:
             return True
         return False
     if tp is str:
-        return isinstance(value, (str, int, float, bool, enum.Enum))
+        return isinstance(value, (str, enum.Enum)) or (converts and isinstance(value, (int, float, bool)))
     origin = typing.get_origin(tp)
     if origin in (list, tuple, collections.abc.Sequence, collections.abc.Iterable):
         if not (isinstance(value, (list, tuple)) or _is_list_config(value)):
             return False
         inner = [a for a in _args(tp) if a is not Ellipsis]
-        return not inner or all(_fits(v, inner[0]) for v in value)
+        return not inner or all(_fits(v, inner[0], converts) for v in value)
     if origin in (dict, collections.abc.Mapping):
         return isinstance(value, Mapping)
     if isinstance(tp, type):
@@ -136,7 +137,8 @@ def _show(value: Any) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def type_problem(key: str, value: Any, tp: Any, *, owner: str = "", example: Any = dataclasses.MISSING) -> str:
+def type_problem(key: str, value: Any, tp: Any, *, owner: str = "", example: Any = dataclasses.MISSING,
+                 converts: bool = True) -> str:
     """``""`` when ``value`` fits the declared type ``tp``, else the one-line message for ``key=value``.
 
     Args:
@@ -145,12 +147,13 @@ def type_problem(key: str, value: Any, tp: Any, *, owner: str = "", example: Any
         tp: the declared type (a dataclass field's or a signature's annotation).
         owner: who declares it, for the message (``torch.optim.SGD``); empty for the schema.
         example: a valid value to suggest (the default), shown when it fits.
+        converts: the value is converted on assignment, as in a typed schema node (see :func:`_fits`).
 
     Returns:
         ``""`` or e.g. ``"trainer.mode=simulate: trainer.mode takes one of processes, simulated (did you
         mean simulated?); got 'simulate'."``.
     """
-    if _fits(value, tp):
+    if _fits(value, tp, converts):
         return ""
     of = f" ({owner}'s parameter)" if owner else ""
     near = ""
@@ -305,6 +308,6 @@ def check_target_types(node: Optional[Mapping[str, Any]], key: str, target: Opti
         if str(name).startswith("_") or name not in params:
             continue
         tp, default = params[name]
-        problem = type_problem(f"{key}.{name}", value, tp, owner=owner, example=default)
+        problem = type_problem(f"{key}.{name}", value, tp, owner=owner, example=default, converts=False)
         if problem:
             raise ConfigError(problem)

@@ -44,6 +44,12 @@ def test_a_value_of_the_wrong_type_on_the_command_line_is_one_line(override, pat
     assert "\n" not in str(err.value)
 
 
+def test_group_choices_and_hydras_own_options_pass_the_command_line_checks():
+    check_command_line(["faults=[crash]", "hydra/launcher=basic", "trainer.steps=5", "seed=0,1", "data.root=null"])
+    with pytest.raises(ConfigError, match=r"no option 'basik' \(did you mean basic\?\)"):
+        check_command_line(["hydra/launcher=basik"])
+
+
 def test_the_app_prints_one_line_for_a_wrong_type_before_hydra_composes():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
     out = subprocess.run([sys.executable, "-m", "experiments.train", "threat.n=six", "logger=none"], cwd=ROOT, env=env,
