@@ -79,3 +79,16 @@ def test_the_full_sweep_as_described_is_the_experiment_file():
     sizes = [len(choices[k]) for k in ("+experiment/rule", "attack", "data.partition", "seed")]
     said = re.search(r"(\d+) × (\d+) × (\d+) × (\d+) = ([\d,]+) runs", text)
     assert [int(g) for g in said.groups()[:4]] == sizes and int(said.group(5).replace(",", "")) == math.prod(sizes)
+
+
+def test_every_page_quotes_the_torch_pin_of_constraints_txt_and_how_to_get_the_cpu_build():
+    import re
+
+    (pin,) = re.findall(r"^torch==([\w.+]+)$", (ROOT / "constraints.txt").read_text(), flags=re.M)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    quoting = {p: re.findall(r"torch==([\w.+]+)", p.read_text()) for p in pages}
+    quoting = {p: v for p, v in quoting.items() if v}
+    assert ROOT / "README.md" in quoting and ROOT / "docs" / "index.md" in quoting
+    for page, versions in quoting.items():
+        assert set(versions) == {pin}, f"{page.name} quotes torch=={versions}, constraints.txt pins {pin}"
+        assert "download.pytorch.org/whl/cpu" in page.read_text(), f"{page.name}: the pin alone pulls the CUDA build"
