@@ -79,7 +79,7 @@ from robustagg.errors import RobustAggError
 from robustagg.training import atomic_write
 
 from . import config as _config  # noqa: F401  (registers the structured-config schema and the run-dir resolver)
-from .wiring import as_config, validate
+from .wiring import as_config, follows_steps, validate
 
 __all__ = ["train", "main"]
 
@@ -128,12 +128,13 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
     """
     from robustagg.launch import launch
 
+    follows = follows_steps(cfg)  # before resolution: the keys configured as ${trainer.steps}
     typed = as_config(cfg)
     import torch
 
     torch.set_num_threads(int(typed.trainer.threads))  # the launcher does little; workers fork from it
     out = _out_dir(typed, out_dir)
-    plan = validate(typed, out_dir=str(out))
+    plan = validate(typed, out_dir=str(out), follows=follows)
     _end_startup()
     for v in plan.violations:
         log.warning("assumption: %s", v)

@@ -784,6 +784,25 @@ def _dry_run_attack(attack: Any, rule: Aggregator, n: int, b: int, name: str) ->
         raise AssumptionError(f"attack={name} cannot run with n={n} workers of which {b} Byzantine: {exc}") from None
 
 
+def follows_steps(cfg: Any) -> list[str]:
+    """The dotted keys whose configured value is the interpolation ``${trainer.steps}`` (``scheduler.T_max``
+    of ``scheduler=cosine``, ``scheduler.total_steps`` of ``warmup_cosine``): a length that follows the
+    run's, recorded so in the fingerprint, so that a run extended on resume is the same experiment
+    (its scheduler then follows the longer schedule: :func:`robustagg.training.schedules.restore_schedule`)."""
+    raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    out: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        elif isinstance(node, str) and node.replace(" ", "") == "${trainer.steps}":
+            out.append(prefix[:-1])
+
+    walk(raw, "")
+    return out
+
+
 def _command_line_keys() -> Optional[set[str]]:
     """The keys the user typed on this job's command line (Hydra's task overrides), or ``None`` off Hydra."""
     try:
@@ -840,12 +859,14 @@ def setting_notes(cfg: DictConfig, data: DataBundle, built: list[Any], *, attack
     return list(dict.fromkeys(notes))
 
 
-def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
+def validate(cfg: Any, *, out_dir: str = ".", follows: Optional[list[str]] = None) -> Plan:
     """Check the whole configuration and prepare the data; raise before any process starts.
 
     Args:
         cfg: the composed configuration (DictConfig or dict).
         out_dir: the run directory recorded in the plan.
+        follows: the keys configured as ``${trainer.steps}`` (:func:`follows_steps`), when ``cfg`` is
+            already resolved (default: read from ``cfg``).
 
     Returns:
         a :class:`Plan`.
@@ -856,6 +877,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
             leaving a worker without data, or a torchrun world size different from ``threat.n``.
         AssumptionError: the rule's requirement fails for ``threat.n`` and ``threat.f`` (strict).
     """
+    follows = follows_steps(cfg) if follows is None else follows
     cfg = as_config(cfg)
     moved_keys(cfg.trainer)
     for key in TARGET_NODES:  # optimizer.lr=fast: one line from the class's signature, before any number is read
@@ -940,6 +962,9 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     plan.run_id = uuid.uuid4().hex[:12]
     plan.identities = tuple(range(n))
     plan.fingerprint = fingerprint(plan.cfg)
+    from robustagg.launch.identity import FOLLOWS_STEPS
+
+    plan.fingerprint.update({k: FOLLOWS_STEPS for k in follows if k in plan.fingerprint})  # extending follows
     plan.code_revision = code_revision()
     return plan
 

@@ -23,7 +23,7 @@ from ..checkpoint import CheckpointStore
 from ..errors import ConfigError
 
 __all__ = ["EXCLUDED", "INTRODUCED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
-           "diff_fingerprints", "FRESH_START", "resume_log_level"]
+           "diff_fingerprints", "FRESH_START", "resume_log_level", "FOLLOWS_STEPS"]
 
 #: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
 #: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings,
@@ -121,8 +121,17 @@ def diff_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[st
     absent = "<absent>"
     old = {**{k: v for k, v in INTRODUCED.items() if k not in old and k in new}, **old}
     keys = sorted(set(old) | set(new))
-    return {k: (old.get(k, absent), new.get(k, absent)) for k in keys if old.get(k, absent) != new.get(k, absent)}
 
+    def same(a: Any, b: Any) -> bool:
+        # a checkpoint written before FOLLOWS_STEPS recorded the length it then had: a whole number
+        return a == b or (b == FOLLOWS_STEPS and isinstance(a, int) and not isinstance(a, bool))
+
+    return {k: (old.get(k, absent), new.get(k, absent)) for k in keys if not same(old.get(k, absent), new.get(k, absent))}
+
+
+#: The fingerprint's value of a key whose configured value is ``${trainer.steps}`` (a schedule's length
+#: that follows the run's: ``scheduler.T_max``), so that extending a run does not change the experiment.
+FOLLOWS_STEPS = "${trainer.steps}"
 
 #: How every "nothing to resume" line ends (:func:`resume_log_level`).
 FRESH_START = "starting at step 0"
