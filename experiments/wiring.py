@@ -785,10 +785,11 @@ def _dry_run_attack(attack: Any, rule: Aggregator, n: int, b: int, name: str) ->
 
 
 def follows_steps(cfg: Any) -> list[str]:
-    """The dotted keys whose configured value is the interpolation ``${trainer.steps}`` (``scheduler.T_max``
-    of ``scheduler=cosine``, ``scheduler.total_steps`` of ``warmup_cosine``): a length that follows the
-    run's, recorded so in the fingerprint, so that a run extended on resume is the same experiment
-    (its scheduler then follows the longer schedule: :func:`robustagg.training.schedules.restore_schedule`)."""
+    """The scheduler's length keys whose configured value is the interpolation ``${trainer.steps}``
+    (``scheduler.T_max`` of ``scheduler=cosine``, ``scheduler.total_steps`` of ``warmup_cosine``; the
+    keys of :data:`robustagg.training.schedules.LENGTH_KEYS`): a length that follows the run's. The
+    fingerprint records them so, so that a run extended on resume is the same experiment (its
+    scheduler then follows the longer schedule: :func:`robustagg.training.schedules.restore_schedule`)."""
     raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
     out: list[str] = []
 
@@ -799,8 +800,10 @@ def follows_steps(cfg: Any) -> list[str]:
         elif isinstance(node, str) and node.replace(" ", "") == "${trainer.steps}":
             out.append(prefix[:-1])
 
-    walk(raw, "")
-    return out
+    from robustagg.training.schedules import LENGTH_KEYS
+
+    walk(raw.get("scheduler") if isinstance(raw, Mapping) else None, "scheduler.")
+    return [k for k in out if k.rsplit(".", 1)[-1] in LENGTH_KEYS]  # what restore_schedule stretches
 
 
 def _command_line_keys() -> Optional[set[str]]:
