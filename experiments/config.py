@@ -33,7 +33,7 @@ from robustagg.limits import limit
 
 __all__ = ["Mode", "Partition", "DataName", "ByzantineData", "ThreatConf", "DataConf", "ModelConf", "CheckpointConf",
            "TrainerConf", "FaultConf", "OptimizerLimits", "LoggerConf", "TrainConfig", "register_configs",
-           "check_group_choices"]
+           "check_group_choices", "check_setting_keys", "check_command_line", "moved_settings"]
 
 
 class Mode(str, enum.Enum):
@@ -263,12 +263,14 @@ class TrainerConf:
     steps: int = 300
     batch_size: int = 32
     # Moved to the optimizer and scheduler groups: kept only so that setting one fails with the
-    # migration message of experiments.wiring.moved_keys instead of "key not in TrainerConf".
-    lr: Any = None
-    momentum: Any = None
-    weight_decay: Any = None
-    nesterov: Any = None
-    scheduler: Any = None
+    # migration message of experiments.optim.moved_keys instead of "key not in TrainerConf"; the
+    # metadata names the new key (experiments.optim.MOVED_KEYS), and no suggestion names these.
+    lr: Any = field(default=None, metadata={"moved_to": "optimizer.lr"})
+    momentum: Any = field(default=None, metadata={"moved_to": "optimizer.momentum"})
+    weight_decay: Any = field(default=None, metadata={"moved_to": "optimizer.weight_decay"})
+    nesterov: Any = field(default=None, metadata={"moved_to": "optimizer.nesterov"})
+    scheduler: Any = field(default=None, metadata={"moved_to": "scheduler=NAME (none | cosine | warmup_cosine | "
+                                                                "multistep)"})
     worker_momentum: float = 0.0
     eval_every: int = 50
     param_check_every: int = 100
@@ -483,6 +485,21 @@ def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
+def _stored_options(group: str) -> list[str]:
+    """The options of ``group`` that Hydra and its plugins keep in the ConfigStore, not in ``conf/``
+    (``hydra/launcher=basic``, Hydra's own launcher); read only for ``hydra/...`` groups."""
+    if not group.startswith("hydra/"):
+        return []
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # imports the installed plugins, which store their configs
+    try:
+        names = ConfigStore.instance().list(group)
+    except OSError:  # no such group in the store
+        return []
+    return [name.removesuffix(".yaml") for name in names]
+
+
 def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     """Refuse a command-line ``group=NAME`` or ``group=[a,b]`` that names no file of ``conf/<group>/``.
 
@@ -511,20 +528,43 @@ def check_group_choices(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> 
         items = [v.strip() for v in value.strip("[]").split(",") if v.strip() and v.strip() != "null"]
         options = sorted(p.stem for p in folder.glob("*.yaml"))
         for item in items:
-            if not (folder / f"{item}.yaml").is_file():
+            if not (folder / f"{item}.yaml").is_file() and item not in _stored_options(key):
+                options = sorted(set(options) | set(_stored_options(key)))
                 near = difflib.get_close_matches(item, options, n=2, cutoff=0.6)
                 hint = f" (did you mean {' or '.join(near)}?)" if near else ""
                 raise ConfigError(f"{override}: conf/{key}/ has no option {item!r}{hint}; the options: "
                                   f"{', '.join(options)}.")
 
 
+def moved_settings(node: Any = None, prefix: str = "") -> dict[str, str]:
+    """The former settings that moved, ``{dotted path: where to now}``, from the schema's field metadata.
+
+    Such a key is still declared (setting it gets the migration message), but it is no setting:
+    no suggestion names it.
+    """
+    import typing
+
+    node = TrainConfig if node is None else node
+    out: dict[str, str] = {}
+    hints = typing.get_type_hints(node)
+    for f in dataclasses.fields(node):
+        if "moved_to" in f.metadata:
+            out[f"{prefix}{f.name}"] = str(f.metadata["moved_to"])
+        elif dataclasses.is_dataclass(hints[f.name]):
+            out.update(moved_settings(hints[f.name], f"{prefix}{f.name}."))
+    return out
+
+
 def _setting_paths(node: Any, prefix: str = "") -> dict[str, Any]:
-    """Every dotted setting path below the dataclass ``node`` (its own fields and, recursively, theirs)."""
+    """Every dotted setting path below the dataclass ``node`` (its own fields and, recursively, theirs),
+    without the moved ones (:func:`moved_settings`)."""
     import typing
 
     out: dict[str, Any] = {}
     hints = typing.get_type_hints(node)
     for f in dataclasses.fields(node):
+        if "moved_to" in f.metadata:
+            continue
         path = f"{prefix}{f.name}"
         sub = hints[f.name] if dataclasses.is_dataclass(hints[f.name]) else None
         out[path] = sub
@@ -553,6 +593,7 @@ def check_setting_keys(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> N
     from robustagg.errors import ConfigError
 
     paths = _setting_paths(TrainConfig)
+    moved = moved_settings()
     for override in overrides:
         key, sep, _ = override.partition("=")
         key = key.strip()
@@ -564,13 +605,15 @@ def check_setting_keys(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> N
         node: Any = TrainConfig
         for depth in range(len(parts)):
             path = ".".join(parts[:depth + 1])
-            if path in paths:
+            if path in paths or path in moved:  # a moved key: its migration message comes later
                 node = paths[path]
                 if node is None:
                     break  # a leaf or a free node: Hydra and the schema check the rest
                 continue
-            siblings = [p for p in paths if p.count(".") == depth and p.startswith(".".join(parts[:depth]))]
-            near = difflib.get_close_matches(path, siblings, n=2, cutoff=0.6)
+            above = ".".join(parts[:depth])
+            siblings = {p.rsplit(".", 1)[-1]: p for p in paths if p.count(".") == depth and
+                        (depth == 0 or p.startswith(above + "."))}
+            near = [siblings[k] for k in difflib.get_close_matches(parts[depth], list(siblings), n=2, cutoff=0.6)]
             by_name: dict[str, list[str]] = {}
             for p in paths:
                 by_name.setdefault(p.rsplit(".", 1)[-1], []).append(p)
@@ -582,6 +625,27 @@ def check_setting_keys(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> N
             see = (f"the settings are listed in conf/{parts[0]}/default.yaml" if depth and listed.is_file()
                    else "python -m experiments.train --cfg job prints every setting")
             raise ConfigError(f"{override}: {path!r} is not a setting of {where}; {hint}({see}).")
+
+
+def check_command_line(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
+    """Every check of the command line that runs before Hydra composes, in order: the group choices
+    (:func:`check_group_choices`), the keys (:func:`check_setting_keys`), the value types against
+    the schema (:func:`experiments.value_types.check_override_types`) and ``run_name``.
+
+    Raises:
+        ConfigError: the first problem, in one line.
+    """
+    from robustagg.errors import ConfigError
+
+    from .value_types import check_override_types
+
+    check_group_choices(overrides, conf_dir)
+    check_setting_keys(overrides, conf_dir)
+    groups = [o for o in overrides if (conf_dir / o.lstrip("+~").partition("=")[0]).is_dir()]
+    check_override_types([o for o in overrides if o not in groups], TrainConfig)  # faults=[crash]: a group choice
+    for arg in overrides:  # Hydra resolves the run directory from run_name before any of our code
+        if arg.startswith("run_name=") and run_name_problem(arg.partition("=")[2]):
+            raise ConfigError(run_name_problem(arg.partition("=")[2]))
 
 
 def register_configs() -> None:

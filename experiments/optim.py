@@ -20,9 +20,14 @@ from robustagg.errors import ConfigError
 
 __all__ = ["build_optimizer", "build_scheduler", "MOVED_KEYS", "moved_keys"]
 
-#: trainer.* keys that moved, and where to.
-MOVED_KEYS = {"lr": "optimizer.lr", "momentum": "optimizer.momentum", "weight_decay": "optimizer.weight_decay",
-              "nesterov": "optimizer.nesterov", "scheduler": "scheduler=NAME (none | cosine | warmup_cosine | multistep)"}
+def _moved() -> dict[str, str]:
+    from .config import moved_settings
+
+    return {k.removeprefix("trainer."): v for k, v in moved_settings().items() if k.startswith("trainer.")}
+
+
+#: trainer.* keys that moved, and where to (from the schema's metadata: experiments.config.TrainerConf).
+MOVED_KEYS = _moved()
 
 
 def moved_keys(trainer: Mapping[str, Any]) -> None:

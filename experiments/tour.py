@@ -68,6 +68,9 @@ def tour(overrides: Sequence[str] = (), *, quiet: bool = False) -> list[dict[str
     from .train import train
     from .wiring import validate
 
+    from .config import check_command_line
+
+    check_command_line(list(overrides))  # make run ARGS='threat.n=six': the app's one line, before Hydra
     rule, out, rest = _split(overrides)
     root = Path(out) if out else Path("outputs") / time.strftime("tour-%Y%m%d-%H%M%S")
     conf = Path(__file__).resolve().parents[1] / "conf"

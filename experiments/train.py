@@ -79,7 +79,7 @@ from robustagg.errors import RobustAggError
 from robustagg.training import atomic_write
 
 from . import config as _config  # noqa: F401  (registers the structured-config schema and the run-dir resolver)
-from .wiring import as_config, validate
+from .wiring import as_config, follows_steps, validate
 
 __all__ = ["train", "main"]
 
@@ -128,12 +128,13 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
     """
     from robustagg.launch import launch
 
+    follows = follows_steps(cfg)  # before resolution: the keys configured as ${trainer.steps}
     typed = as_config(cfg)
     import torch
 
     torch.set_num_threads(int(typed.trainer.threads))  # the launcher does little; workers fork from it
     out = _out_dir(typed, out_dir)
-    plan = validate(typed, out_dir=str(out))
+    plan = validate(typed, out_dir=str(out), follows=follows)
     _end_startup()
     for v in plan.violations:
         log.warning("assumption: %s", v)
@@ -257,11 +258,10 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    from .config import check_group_choices, check_setting_keys, run_dir_problem, run_name_problem
+    from .config import check_command_line, run_dir_problem, run_name_problem
 
     try:
-        check_group_choices(sys.argv[1:])  # faults=[crashh]: name the options before Hydra composes
-        check_setting_keys(sys.argv[1:])  # trainer.stpes=5: one line with the nearest keys
+        check_command_line(sys.argv[1:])  # faults=[crashh], trainer.stpes=5, threat.n=six: one line each
         for arg in sys.argv[1:]:  # Hydra resolves the run directory from run_name before any of our code
             value = arg.partition("=")[2]
             if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":

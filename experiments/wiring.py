@@ -45,6 +45,7 @@ from .config import FaultConf, Mode, OptimizerLimits, TrainConfig
 from .data import augment_enabled, build_data
 from .models import instantiate_model
 from .optim import build_optimizer, build_scheduler, moved_keys
+from .value_types import check_target_types, check_tree_types
 
 __all__ = ["Plan", "ExperimentBuild", "as_config", "validate", "build_rule", "build_attack", "build_byzantine",
            "build_model_and_optimizer", "AttackAdapter", "rule_names"]
@@ -136,6 +137,7 @@ def as_config(cfg: Any) -> DictConfig:
                else OmegaConf.to_container(OmegaConf.create(cfg), resolve=False, enum_to_str=True))
         base = OmegaConf.structured(TrainConfig)
         _check_keys(raw, base, "")
+        check_tree_types(raw, TrainConfig)  # threat.n="six": one line with the type, before OmegaConf's merge
         merged = OmegaConf.merge(base, OmegaConf.create(raw))
         OmegaConf.resolve(merged)
         for name in list(merged.faults):
@@ -230,6 +232,11 @@ SETTING_KEYS: dict[str, str] = {
     "seed": "seed", "checkpoint_every": "trainer.checkpoint.every", "checkpoint_keep": "trainer.checkpoint.keep",
     "ckpt_dir": "trainer.checkpoint.dir", "logger": "logger",
 }
+
+
+#: The ``_target_`` nodes whose parameters :func:`validate` checks against their class's signature
+#: (:func:`experiments.value_types.check_target_types`).
+TARGET_NODES = ("aggregator", "preaggregation", "attack", "model", "optimizer", "scheduler", "protocol")
 
 
 @dataclass
@@ -766,12 +773,92 @@ def _dry_run_attack(attack: Any, rule: Aggregator, n: int, b: int, name: str) ->
         raise AssumptionError(f"attack={name} cannot run with n={n} workers of which {b} Byzantine: {exc}") from None
 
 
-def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
+def follows_steps(cfg: Any) -> list[str]:
+    """The scheduler's length keys whose configured value is the interpolation ``${trainer.steps}``
+    (``scheduler.T_max`` of ``scheduler=cosine``, ``scheduler.total_steps`` of ``warmup_cosine``; the
+    keys of :data:`robustagg.training.schedules.LENGTH_KEYS`): a length that follows the run's. The
+    fingerprint records them so, so that a run extended on resume is the same experiment (its
+    scheduler then follows the longer schedule: :func:`robustagg.training.schedules.restore_schedule`)."""
+    raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    out: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        elif isinstance(node, str) and node.replace(" ", "") == "${trainer.steps}":
+            out.append(prefix[:-1])
+
+    from robustagg.training.schedules import LENGTH_KEYS
+
+    walk(raw.get("scheduler") if isinstance(raw, Mapping) else None, "scheduler.")
+    return [k for k in out if k.rsplit(".", 1)[-1] in LENGTH_KEYS]  # what restore_schedule stretches
+
+
+def _command_line_keys() -> Optional[set[str]]:
+    """The keys the user typed on this job's command line (Hydra's task overrides), or ``None`` off Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return None
+        task = HydraConfig.get().overrides.task
+    except Exception:  # pragma: no cover - Hydra internals
+        return None
+    return {str(o).partition("=")[0].lstrip("+~") for o in task}
+
+
+def setting_notes(cfg: DictConfig, data: DataBundle, built: list[Any], *, attack_given: bool,
+                  byzantine: int) -> list[str]:
+    """Settings that run but do nothing, or not what they say: one line each, warned once before launch.
+
+    - an attack with no Byzantine worker to run it (``attack=alie threat.f=0``: the run is "rule vs none");
+    - a partition key typed on the command line that the chosen partition does not read
+      (``data.shards_per_worker=100`` under ``iid``; :data:`robustagg.data.partition.SCHEME_PARAMETERS`),
+      and ``label_sorted`` with at least as many shards per worker as classes (close to iid);
+    - what a built object reports itself through ``setting_notes()`` (``model=resnet20`` on 8x8
+      digits, a warm-up as long as the run): each of ``built`` (the model's modules, the scheduler)
+      that has one.
+
+    Args:
+        cfg: the typed configuration. data: the partitioned data. built: objects built from ``cfg``.
+        attack_given: an ``attack`` other than ``none`` is configured. byzantine: ``threat.byzantine``.
+    """
+    from robustagg.data.partition import SCHEME_PARAMETERS
+
+    notes: list[str] = []
+    if attack_given and byzantine == 0:
+        name = str(cfg.attack.get("_target_", "")).rsplit(".", 1)[-1]
+        why = ", which follows threat.f=0" if int(cfg.threat.f) == 0 else ""
+        notes.append(f"attack {name} has no Byzantine worker to run it (threat.byzantine=0{why}): this run is {cfg.aggregator.get('_target_', '').rsplit('.', 1)[-1]} with no "
+                     "attack. Set threat.f (or threat.byzantine) >= 1 to attack, or attack=none to say so.")
+    scheme = str(getattr(cfg.data.partition, "value", cfg.data.partition))
+    typed = _command_line_keys() or set()
+    readers = {k: s for s, keys in SCHEME_PARAMETERS.items() for k in keys}
+    for key in sorted(k.removeprefix("data.") for k in typed if k.startswith("data.")):
+        if key in readers and key not in SCHEME_PARAMETERS.get(scheme, ()):
+            notes.append(f"data.{key}={cfg.data[key]} does nothing under data.partition={scheme} (only "
+                         f"data.partition={readers[key]} reads it).")
+    shards = int(cfg.data.shards_per_worker)
+    if scheme == "label_sorted" and shards >= data.num_classes:
+        notes.append(f"data.shards_per_worker={shards} is at least the {data.num_classes} classes: each worker's "
+                     f"shards can cover every class, so label_sorted is close to iid. Use fewer shards per worker "
+                     f"(e.g. data.shards_per_worker=2) for label skew.")
+    for obj in built:
+        report = getattr(obj, "setting_notes", None)
+        if callable(report):
+            notes += [str(line) for line in report()]
+    return list(dict.fromkeys(notes))
+
+
+def validate(cfg: Any, *, out_dir: str = ".", follows: Optional[list[str]] = None) -> Plan:
     """Check the whole configuration and prepare the data; raise before any process starts.
 
     Args:
         cfg: the composed configuration (DictConfig or dict).
         out_dir: the run directory recorded in the plan.
+        follows: the keys configured as ``${trainer.steps}`` (:func:`follows_steps`), when ``cfg`` is
+            already resolved (default: read from ``cfg``).
 
     Returns:
         a :class:`Plan`.
@@ -782,12 +869,15 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
             leaving a worker without data, or a torchrun world size different from ``threat.n``.
         AssumptionError: the rule's requirement fails for ``threat.n`` and ``threat.f`` (strict).
     """
+    follows = follows_steps(cfg) if follows is None else follows
     cfg = as_config(cfg)
     moved_keys(cfg.trainer)
     from .config import run_name_problem
 
     if cfg.run_name is not None and run_name_problem(str(cfg.run_name)):
         raise ConfigError(run_name_problem(str(cfg.run_name)))
+    for key in TARGET_NODES:  # optimizer.lr=fast: one line from the class's signature, before any number is read
+        check_target_types(cfg.get(key), key)
     n, f, b, ranks, notes = _threat(cfg)
     _trainer_checks(cfg)
     device, backend = _device(cfg)
@@ -812,7 +902,7 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     attack = build_attack(cfg)
     attack_name, kind = "none", None
     if attack is not None and b > 0:
-        attack_name = str(attack.name)
+        attack_name = str(attack.name) or str(cfg.attack.get("_target_"))  # unregistered (mypkg.Shift): its path
         kind = str(getattr(attack.kind, "value", attack.kind))
         if kind == "gradient":
             _dry_run_attack(attack, rule, n, b, attack_name)
@@ -831,11 +921,12 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
             attack.poison_batch(data.train_x[:2], data.train_y[:2], data.num_classes)
         except RobustAggError as exc:
             raise ConfigError(f"attack={attack_name} does not fit data={cfg.data.name}: {exc}") from None
-    plan = Plan(cfg={}, n=n, f=f, byzantine_ranks=tuple(ranks), rule_name=str(rule.name), attack_name=attack_name,
+    plan = Plan(cfg={}, n=n, f=f, byzantine_ranks=tuple(ranks), rule_name=str(rule.name) or str(cfg.aggregator.get("_target_")), attack_name=attack_name,
                 attack_kind=kind, data=data, device=device, backend=backend, out_dir=str(out_dir))
     # Builds the model and optimizer once here: checks the model fits the data, and imports what
     # torch.optim imports lazily (seconds of CPU) before worker processes are forked.
-    model, _, _ = build_model_and_optimizer(data, cfg, torch.device("cpu"))
+    model, _, scheduler = build_model_and_optimizer(data, cfg, torch.device("cpu"))
+    advice = setting_notes(cfg, data, [*model.modules(), scheduler], attack_given=attack is not None, byzantine=b)
     if bool(cfg.trainer.batched_gradients):
         _batched_check(cfg, model, data)
     for cb in cfg.trainer.callbacks:
@@ -863,9 +954,13 @@ def validate(cfg: Any, *, out_dir: str = ".") -> Plan:
     if redundancy is not None:
         plan.notes.append(_redundancy_note(redundancy, n, f).strip(" ()").rstrip(".")
                           + f"; the rule {rule.display_name} runs with f={getattr(rule, 'f', 0)}.")
+    plan.notes += advice
     plan.run_id = uuid.uuid4().hex[:12]
     plan.identities = tuple(range(n))
     plan.fingerprint = fingerprint(plan.cfg)
+    from robustagg.launch.identity import FOLLOWS_STEPS
+
+    plan.fingerprint.update({k: FOLLOWS_STEPS for k in follows if k in plan.fingerprint})  # extending follows
     plan.code_revision = code_revision()
     plan.job().settings.check()  # the library's own checks (Job: the schedule against n and the rule)
     return plan

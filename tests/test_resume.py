@@ -189,7 +189,7 @@ def test_restore_never_executes_pickled_code_even_with_a_matching_manifest(tmp_p
     manifest["files"]["rank-0.pt"] = {"size": (ck / "rank-0.pt").stat().st_size, "sha256": sha256_file(ck / "rank-0.pt")}
     (ck / "manifest.json").write_text(json.dumps(manifest))
     assert CheckpointStore(tmp_path / "a" / "checkpoints").verify(ck) == []  # the hashes match ...
-    # (the cosine schedule's T_max follows trainer.steps, so a longer run is a changed experiment: allowed here)
+    # (the cosine schedule's T_max follows trainer.steps, so a longer run is the same experiment; allow is harmless)
     s = train(_cfg(*SIM, "trainer.steps=12", "trainer.resume_changes=allow"), out_dir=tmp_path / "a", quiet=True)
     assert not (tmp_path / "PWNED_MARKER").exists()  # ... and still nothing was executed
     # ... and the run fell back to the previous verified checkpoint, with the reason in the lineage

@@ -12,10 +12,14 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["PARTITIONS", "partition", "train_test_split"]
+__all__ = ["PARTITIONS", "SCHEME_PARAMETERS", "partition", "train_test_split"]
 
 #: The partition schemes :func:`partition` knows.
 PARTITIONS = ("iid", "dirichlet", "label_sorted", "long_tail")
+
+#: The keyword arguments of :func:`partition` each scheme reads (the others ignore them).
+SCHEME_PARAMETERS: dict[str, tuple[str, ...]] = {"iid": (), "dirichlet": ("alpha", "min_samples", "max_tries"),
+                                                 "label_sorted": ("shards_per_worker",), "long_tail": ("imbalance",)}
 
 
 def train_test_split(y: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

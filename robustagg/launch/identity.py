@@ -24,7 +24,7 @@ from ..errors import CheckpointError, ConfigError
 
 __all__ = ["EXCLUDED", "INTRODUCED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
            "check_resume_from", "diff_fingerprints", "OPTIMIZER_PREFIX", "FIXED_ON_RESUME", "optimizer_changes",
-           "unapplied_changes"]
+           "unapplied_changes", "FRESH_START", "resume_log_level", "FOLLOWS_STEPS"]
 
 #: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
 #: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings,
@@ -161,7 +161,33 @@ def diff_fingerprints(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[st
     absent = "<absent>"
     old = {**{k: v for k, v in INTRODUCED.items() if k not in old and k in new}, **old}
     keys = sorted(set(old) | set(new))
-    return {k: (old.get(k, absent), new.get(k, absent)) for k in keys if old.get(k, absent) != new.get(k, absent)}
+
+    def same(a: Any, b: Any) -> bool:
+        # a checkpoint written before FOLLOWS_STEPS recorded the length it then had: a whole number
+        return a == b or (b == FOLLOWS_STEPS and isinstance(a, int) and not isinstance(a, bool))
+
+    return {k: (old.get(k, absent), new.get(k, absent)) for k in keys if not same(old.get(k, absent), new.get(k, absent))}
+
+
+#: The fingerprint's value of a key whose configured value is ``${trainer.steps}`` (a schedule's length
+#: that follows the run's: ``scheduler.T_max``), so that extending a run does not change the experiment.
+FOLLOWS_STEPS = "${trainer.steps}"
+
+#: How every "nothing to resume" line ends (:func:`resume_log_level`).
+FRESH_START = "starting at step 0"
+
+
+def resume_log_level(message: str) -> int:
+    """The logging level of the one resume line :func:`check_resume` (or the launcher) wrote.
+
+    A fresh start ("resume: no checkpoint folder yet ...; starting at step 0") is what every new run
+    does: ``logging.INFO``. Anything else (resuming from a checkpoint, newer checkpoints skipped, a
+    changed experiment continued, ``resume=never`` moving to a fresh folder) changes what runs:
+    ``logging.WARNING``, so that it shows even where INFO is hidden.
+    """
+    import logging
+
+    return logging.INFO if message.endswith(FRESH_START) else logging.WARNING
 
 
 @dataclass
@@ -212,7 +238,7 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
     root = Path(ckpt_dir)
     result = ResumeCheck()
     if not root.is_dir():
-        result.message = f"resume: no checkpoint folder yet ({root}); starting at step 0"
+        result.message = f"resume: no checkpoint folder yet ({root}); {FRESH_START}"
         return result
     store = CheckpointStore(root)
     candidates = store.candidates()
@@ -244,7 +270,7 @@ def check_resume(ckpt_dir: str | Path, current: Mapping[str, Any], *, resume_cha
                               f"{lines}\nResuming would silently start over on top of them. Fix: restore the files, "
                               f"resume from a checkpoint elsewhere (trainer.resume=PATH), or start over in a new "
                               f"folder with trainer.resume=never (the old files are kept).")
-        result.message = f"resume: no committed checkpoint in {root}; starting at step 0"
+        result.message = f"resume: no committed checkpoint in {root}; {FRESH_START}"
         return result
     path, manifest = chosen
     result.checkpoint, result.step = path.name, int(manifest.get("step", 0))

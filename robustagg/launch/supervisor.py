@@ -42,7 +42,7 @@ from ..distributed import (EnvRank, LocalComm, ProcessGroupComm, WorkerFailedErr
 from ..errors import CheckpointError, ConfigError, QuorumLostError, StorageError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import read_evidence
-from .identity import check_resume, check_resume_from
+from .identity import FRESH_START, check_resume, check_resume_from, resume_log_level
 from .job import Job, RunSettings, shrink_job
 from .lock import RunLock
 from .quorum import Membership, next_epoch
@@ -124,7 +124,7 @@ def prepare(job: Job, *, restarted: bool = False) -> tuple[Job, Attempt, str]:
             attempt.changes = {k: [a, b] for k, (a, b) in found.changes.items()}
         return job, attempt, found.message + " (every rank verifies it again before loading)"
     if s.resume == "never":
-        return job, attempt, "resume=never: starting at step 0"
+        return job, attempt, f"resume=never: {FRESH_START}"
     found = check_resume(ckpt, job.fingerprint, resume_changes=s.resume_changes)
     if found.changes:
         attempt.changes = {k: [a, b] for k, (a, b) in found.changes.items()}
@@ -217,7 +217,7 @@ def run_locks(job: Job, what: str) -> Iterator[list[RunLock]]:
 def _run_locked(job: Job, attempt: Attempt, message: str, *, on_ready: Optional[Callable[[Job], None]],
                 quiet: bool) -> dict[str, Any]:
     if message and not quiet:
-        log.warning("%s", message)
+        log.log(resume_log_level(message), "%s", message)
     if on_ready is not None:
         on_ready(job)
     if job.settings.mode == "simulated":
@@ -469,7 +469,7 @@ def run_torchrun(job: Job, env: EnvRank, *, on_ready: Optional[Callable[[Job], N
         _agree_on_run(job, env)
         if env.rank == 0:
             if message and not quiet:
-                log.warning("%s", message)
+                log.log(resume_log_level(message), "%s", message)
             if on_ready is not None:
                 on_ready(job)
             if restarts > 0:

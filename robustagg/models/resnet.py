@@ -111,6 +111,27 @@ class ResNet(nn.Module):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
+    #: The image side the architecture was designed for (CIFAR's 32x32; He et al. 2016, Sec. 4.2).
+    designed_side = 32
+
+    def setting_notes(self) -> list[str]:
+        """What this network runs with but was not designed for: images smaller than
+        :attr:`designed_side` (``model=resnet20`` on 8x8 digits trains, on 2x2 maps in its last stage).
+
+        Returns:
+            one line per problem (empty when none); the app prints each once before the run.
+        """
+        _, h, w = self.input_shape
+        if min(h, w) >= self.designed_side:
+            return []
+        k = len(self.stages)
+        last = f"{max(1, h // 2 ** (k - 1))}x{max(1, w // 2 ** (k - 1))}"
+        side = self.designed_side
+        return [f"model {type(self).__name__} is built for {side}x{side} images (its {k} stages see {side}, "
+                f"{side // 2}... pixel maps); these inputs are {'x'.join(map(str, self.input_shape))}, so its last "
+                f"stage sees {last} maps. Use model=mlp or model=cnn for small images, or a {side}x{side} data set "
+                f"(data=cifar10)."]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(x.shape[0], *self.input_shape)
         x = self.stages(self.stem(x))

@@ -12,13 +12,19 @@ object holding plain numbers, so ``state_dict()`` carries everything (LambdaLR s
 from __future__ import annotations
 
 import math
+import warnings
+from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from ..errors import ConfigError
 
-__all__ = ["WarmupCosineFactor", "WarmupCosine"]
+__all__ = ["WarmupCosineFactor", "WarmupCosine", "LENGTH_KEYS", "restore_schedule"]
+
+#: Scheduler attributes that hold a schedule's length: ``T_max`` (``CosineAnnealingLR``),
+#: ``total_steps`` (:class:`WarmupCosine`, and its factor).
+LENGTH_KEYS = ("T_max", "total_steps")
 
 
 class WarmupCosineFactor:
@@ -83,3 +89,52 @@ class WarmupCosine(LambdaLR):
     def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int, last_epoch: int = -1) -> None:
         self.warmup_steps, self.total_steps = int(warmup_steps), int(total_steps)
         super().__init__(optimizer, WarmupCosineFactor(warmup_steps, total_steps), last_epoch=last_epoch)
+
+    def setting_notes(self) -> list[str]:
+        """A warm-up as long as the run or longer (truncated, never an error, so that a short smoke run
+        of a long schedule works): the rate never leaves the warm-up and peaks at
+        ``total_steps / warmup_steps`` of the base rate. One line, or none.
+        """
+        w, t = self.warmup_steps, self.total_steps
+        if w == 0 or w < t:
+            return []
+        return [f"scheduler.warmup_steps={w} is not shorter than the run (scheduler.total_steps={t}, from "
+                f"trainer.steps): the learning rate never leaves the linear warm-up and peaks at {t}/{w} of "
+                f"optimizer.lr. Set scheduler.warmup_steps below {t} (e.g. {max(1, t // 10)}), or scheduler=cosine."]
+
+
+def restore_schedule(scheduler: Any, state: dict[str, Any]) -> list[str]:
+    """Load ``state`` into ``scheduler``, keeping the schedule length the scheduler was built with.
+
+    A run extended on resume (``trainer.steps`` 40 -> 80 with ``T_max: ${trainer.steps}``) builds its
+    scheduler with the new length, and ``load_state_dict`` would put the checkpoint's back (and
+    cosine's recursive update would then stay at ``eta_min`` for good). Here the length attributes
+    (:data:`LENGTH_KEYS`) that differ keep the built values, and the optimizer's learning rates are
+    set to the schedule's closed form at the restored step: from the checkpoint's step on, the run
+    follows the longer schedule exactly as a run of that length would. When no length differs (every
+    plain resume) this is ``scheduler.load_state_dict(state)`` and nothing else, bit for bit.
+
+    Args:
+        scheduler: a ``torch.optim.lr_scheduler`` scheduler (already built on the restored optimizer).
+        state: its ``state_dict()`` from the checkpoint.
+
+    Returns:
+        the length attributes that kept the built value (empty for a plain resume).
+    """
+    built = {k: getattr(scheduler, k) for k in LENGTH_KEYS if hasattr(scheduler, k)}
+    scheduler.load_state_dict(state)
+    changed = [k for k, v in built.items() if getattr(scheduler, k) != v]
+    if not changed:
+        return []
+    for k in changed:
+        setattr(scheduler, k, built[k])
+        for fn in getattr(scheduler, "lr_lambdas", ()):  # WarmupCosine's factor holds the length too
+            if hasattr(fn, k):
+                setattr(fn, k, built[k])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # get_lr() outside step(): the closed form is wanted here
+        closed = scheduler._get_closed_form_lr() if hasattr(scheduler, "_get_closed_form_lr") else scheduler.get_lr()
+    for group, lr in zip(scheduler.optimizer.param_groups, closed):
+        group["lr"] = float(lr)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+    return changed

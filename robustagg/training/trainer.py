@@ -55,6 +55,7 @@ from .batched import BatchedGradients, Prefetched, check_batchable
 from .byzantine import ByzantineBehaviour
 from .precision import MAX_BACKOFFS, Precision, Retry, autocast, new_scaler, parse_precision, submission_dtype
 from .sampler import ShardSampler, mix_seed
+from .schedules import restore_schedule
 from .state import capture_rng, restore_rng
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -613,7 +614,7 @@ class Trainer:
         self.model.load_state_dict(rep["model"])
         self.optimizer.load_state_dict(rep["optimizer"])
         if self.scheduler is not None and rep.get("scheduler") is not None:
-            self.scheduler.load_state_dict(rep["scheduler"])
+            restore_schedule(self.scheduler, rep["scheduler"])  # a length that follows trainer.steps follows it
         self.reduction.rule.load_state_dict(rep["rule"])
         self.comm.seq = int(rep["comm_seq"])
         self.reduction.last_digest = int(rep.get("last_digest", 0))
