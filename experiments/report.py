@@ -14,7 +14,8 @@ Reads every run of a Hydra multirun folder (resolved config, ``metrics.jsonl``, 
   skipped runs) and the figures;
 - ``accuracy_heatmap.png``, ``tradeoff.png``, ``kappa_<setting>.png``, ``weights_vs_skew.png``,
   ``learning_acc_<setting>.png`` and ``learning_loss_<setting>.png`` (learning curves: a panel per
-  rule, a line per attack, the seeds as a band).
+  rule, a line per attack, the seeds as a band); ``--format pdf`` or ``--format svg`` writes them
+  as PDF or SVG instead (vector figures for a paper).
 
 With ``--wandb`` (or when the sweep's runs logged to W&B), the tables (``wandb.Table``) and images
 are also logged to a run named ``report`` in the sweep's W&B group (offline unless
@@ -42,6 +43,7 @@ from robustagg.errors import ConfigError
 from .report_figures import (accuracy_heatmap, availability_vs_bias, kappa_curves, learning_curves, save_figure,
                              tradeoff_scatter, weight_vs_skew)
 from .report_load import SweepData, load_sweep, write_atomic
+from .report_style import FIGURE_FORMATS
 from .report_tables import (Report, across_settings, add_derived, availability_table, backdoor_table, pivot, slug,
                             to_markdown, tradeoff)
 
@@ -128,9 +130,9 @@ def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, sett
         lines += ["### Worst-class test accuracy (%), rule × attack", "",
                   to_markdown(pivot(results, "worst_class_acc", setting)), ""]
         for fig in figures.get(setting, []):
-            lines += [f"![{fig}]({fig})", ""]
+            lines += [_figure_link(fig), ""]
     for fig in figures.get("", []):
-        lines += [f"![{fig}]({fig})", ""]
+        lines += [_figure_link(fig), ""]
     skipped = results[results["status"] != "ok"]
     if len(skipped):
         lines += ["## Runs that did not finish", "",
@@ -157,9 +159,15 @@ def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, sett
     return "\n".join(lines)
 
 
+def _figure_link(name: str) -> str:
+    """Markdown for a figure file: an image (PNG, SVG) or, for a PDF that no Markdown viewer shows
+    inline, a link."""
+    return f"[{name}]({name})" if name.endswith(".pdf") else f"![{name}]({name})"
+
+
 def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLike[str]] = None, *,
                  wandb: Optional[bool] = None, wandb_mode: Optional[str] = None,
-                 wandb_project: Optional[str] = None) -> Report:
+                 wandb_project: Optional[str] = None, fmt: str = "png") -> Report:
     """Read the sweep under ``root`` and write the report files (see the module docstring).
 
     Args:
@@ -168,13 +176,16 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
         wandb: log tables and images to W&B; ``None``: when the runs used ``logger=wandb``.
         wandb_mode: ``offline`` (default), ``online`` or ``disabled``; ``$WANDB_MODE`` wins.
         wandb_project: W&B project (default: the runs' ``logger.project``, else ``robustagg``).
+        fmt: the figures' file format, ``png`` (default), ``pdf`` or ``svg``.
 
     Returns:
         a :class:`Report`.
 
     Raises:
-        ConfigError: ``root`` does not exist or holds no run.
+        ConfigError: ``root`` does not exist or holds no run; ``fmt`` is not a known format.
     """
+    if fmt not in FIGURE_FORMATS:
+        raise ConfigError(f"report format must be one of {', '.join(FIGURE_FORMATS)}; got {fmt!r}.")
     sweep = load_sweep(root)
     out = Path(out_dir) if out_dir is not None else Path(root) / "report"
     results = add_derived(sweep.runs)
@@ -188,34 +199,34 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
     figures: dict[str, list[str]] = {}
     ok = results[results["status"].isin(("ok", "diverged"))]
     if len(ok):
-        files.append(save_figure(accuracy_heatmap(results, settings), out / "accuracy_heatmap.png"))
-        figures.setdefault("", []).append("accuracy_heatmap.png")
+        files.append(save_figure(accuracy_heatmap(results, settings), out / f"accuracy_heatmap.{fmt}"))
+        figures.setdefault("", []).append(f"accuracy_heatmap.{fmt}")
         if trade[["suppression_loss", "integrity_loss"]].notna().all(axis=1).any():
-            files.append(save_figure(tradeoff_scatter(trade, settings), out / "tradeoff.png"))
-            figures[""].append("tradeoff.png")
+            files.append(save_figure(tradeoff_scatter(trade, settings), out / f"tradeoff.{fmt}"))
+            figures[""].append(f"tradeoff.{fmt}")
         for setting in settings:
             fig = kappa_curves(results, sweep.kappa, setting)
             if fig is not None:
-                name = f"kappa_{slug(setting)}.png"
+                name = f"kappa_{slug(setting)}.{fmt}"
                 files.append(save_figure(fig, out / name))
                 figures.setdefault(setting, []).append(name)
         for setting in settings:
             for metric in ("acc", "loss"):
                 fig = learning_curves(results, sweep.curves, setting, metric)
                 if fig is not None:
-                    name = f"learning_{metric}_{slug(setting)}.png"
+                    name = f"learning_{metric}_{slug(setting)}.{fmt}"
                     files.append(save_figure(fig, out / name))
                     figures.setdefault(setting, []).append(name)
         for axis in ("participation", "tau"):
             fig = availability_vs_bias(results, axis)
             if fig is not None:
-                name = f"availability_{axis}.png"
+                name = f"availability_{axis}.{fmt}"
                 files.append(save_figure(fig, out / name))
                 figures.setdefault("", []).append(name)
         fig = weight_vs_skew(results, sweep.weights)
         if fig is not None:
-            files.append(save_figure(fig, out / "weights_vs_skew.png"))
-            figures[""].append("weights_vs_skew.png")
+            files.append(save_figure(fig, out / f"weights_vs_skew.{fmt}"))
+            figures[""].append(f"weights_vs_skew.{fmt}")
     text = _markdown(sweep, results, trade, settings, figures)
     files.append(write_text(out / "report.md", text))
     report = Report(out_dir=out, results=results, tradeoff=trade, settings=settings, files=files, markdown=text)
@@ -228,7 +239,7 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Command line: ``python -m experiments.report <multirun dir> [--out DIR] [--wandb]``."""
+    """Command line: ``python -m experiments.report <multirun dir> [--out DIR] [--wandb] [--format png|pdf|svg]``."""
     parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
     parser.add_argument("sweep", help="the multirun folder Hydra printed (e.g. multirun/<experiment>/<date_time>)")
     parser.add_argument("--out", default=None, help="output folder (default: <sweep>/report)")
@@ -239,10 +250,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--wandb-mode", default=None, choices=["offline", "online", "disabled"],
                         help="W&B mode (default offline; $WANDB_MODE wins)")
     parser.add_argument("--wandb-project", default=None, help="W&B project (default: the runs' logger.project)")
+    parser.add_argument("--format", default="png", choices=FIGURE_FORMATS, dest="fmt",
+                        help="file format of the figures (default png; pdf or svg for a paper)")
     args = parser.parse_args(argv)
     try:
         report = build_report(args.sweep, args.out, wandb=args.wandb, wandb_mode=args.wandb_mode,
-                              wandb_project=args.wandb_project)
+                              wandb_project=args.wandb_project, fmt=args.fmt)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
