@@ -261,7 +261,7 @@ class TrainerConf:
     nesterov: Any = None
     scheduler: Any = None
     worker_momentum: float = 0.0
-    eval_every: int = 50
+    eval_every: int = 25
     param_check_every: int = 100
     reduction: str = "auto"
     on_nonfinite: str = "abort"
