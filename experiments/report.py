@@ -44,8 +44,8 @@ from .report_figures import (accuracy_heatmap, availability_vs_bias, kappa_curve
                              tradeoff_scatter, weight_vs_skew)
 from .report_load import SweepData, load_sweep, write_atomic
 from .report_style import FIGURE_FORMATS
-from .report_tables import (Report, across_settings, add_derived, availability_table, backdoor_table, pivot, slug,
-                            to_markdown, tradeoff)
+from .report_tables import (RULE_ORDER, SCORED, Report, across_settings, add_derived, availability_table,
+                            backdoor_table, order, pivot, slug, to_markdown, tradeoff)
 
 __all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
 
@@ -79,6 +79,25 @@ def _counts(results: pd.DataFrame) -> str:
     parts = [f"{int(counts.get(k, 0))} {k}" for k in ("ok", "skipped", "diverged", "invalid", "failed", "missing")
              if counts.get(k, 0) or k in ("ok", "skipped")]
     return f"{len(results)} runs: " + ", ".join(parts)
+
+
+def _empty_column_notes(sub: pd.DataFrame) -> list[str]:
+    """Why a trade-off column of one setting's runs ``sub`` is empty: the runs it compares with
+    are not in the sweep (``attack=none`` of the same rule; the mean rule with ``attack=none``)."""
+    scored = sub[sub["status"].isin(SCORED)]
+    clean = set(scored.loc[scored["attack"] == "none", "rule"])
+    rules = order(scored["rule"], RULE_ORDER)
+    lacking = [r for r in rules if r not in clean]
+    notes = []
+    if lacking:
+        notes.append(f"Empty integrity and suppression losses for {', '.join(lacking)}: each needs an attack=none "
+                     "run in the sweep (the same rule, data and seed without an attack); add `none` to the sweep's "
+                     "attack list.")
+    if rules and "mean" not in clean:
+        notes.append("Empty suppression losses (and `run/acc_drop_vs_mean` in results.csv): the comparison needs a "
+                     "run of the mean rule with attack=none in the sweep (add `mean` to the rules, `none` to the "
+                     "attacks).")
+    return [n for note in notes for n in (note, "")]
 
 
 def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, settings: list[str],
@@ -121,6 +140,7 @@ def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, sett
                 "seeds": t["seeds"]})
             lines += ["### Integrity vs suppression per rule", "",
                       to_markdown(view.set_index("rule")), ""]
+            lines += _empty_column_notes(sub)
         asr = backdoor_table(results, setting)
         if asr is not None:
             lines += ["### Backdoor attack success rate (%), rule × attack", "",
