@@ -47,7 +47,7 @@ from .report_style import FIGURE_FORMATS
 from .report_tables import (RULE_ORDER, SCORED, Report, across_settings, add_derived, availability_table,
                             backdoor_table, order, pivot, slug, to_markdown, tradeoff)
 
-__all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
+__all__ = ["Report", "build_report", "redraw", "write_text", "write_csv", "main"]
 
 RESULT_COLUMNS = ["run_id", "status", "rule", "attack", "setting", "heterogeneity", "data", "seed", "n", "f",
                   "byzantine", "final_acc", "final_asr", "best_acc", "worst_class_acc", "final_loss",
@@ -258,6 +258,49 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
     return report
 
 
+def redraw(report_dir: str | os.PathLike[str], out_dir: Optional[str | os.PathLike[str]] = None, *,
+           fmt: str = "png") -> list[Path]:
+    """Draw the figures that need only a report's CSV files again, from ``results.csv``,
+    ``tradeoff.csv`` and ``weights.csv`` in ``report_dir``: the accuracy heatmap, the trade-off
+    plot and the weights against label skew (the kappa-hat and learning curves need the runs'
+    ``metrics.jsonl``). This is how the figures in ``docs/img`` are made from result files,
+    without the sweep's run folders.
+
+    Args:
+        report_dir: a folder written by :func:`build_report` (or one holding its three CSVs).
+        out_dir: where to write (default ``report_dir``).
+        fmt: ``png`` (default), ``pdf`` or ``svg``.
+
+    Returns:
+        the figure files written.
+
+    Raises:
+        ConfigError: a CSV is missing, or ``fmt`` is not a known format.
+    """
+    if fmt not in FIGURE_FORMATS:
+        raise ConfigError(f"report format must be one of {', '.join(FIGURE_FORMATS)}; got {fmt!r}.")
+    src = Path(report_dir)
+    out = Path(out_dir) if out_dir is not None else src
+    tables = {}
+    for name in ("results", "tradeoff", "weights"):
+        path = src / f"{name}.csv"
+        if not path.is_file():
+            raise ConfigError(f"no {path.name} in {str(src)!r}: pass a folder written by python -m experiments.report.")
+        tables[name] = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    results, trade, weights = tables["results"], tables["tradeoff"], tables["weights"]
+    for col in ("rule", "attack", "setting", "status"):
+        results[col] = results[col].astype(str)
+    trade["frontier"] = trade["frontier"].astype(str).str.lower().isin(("true", "1"))
+    settings = sorted(dict.fromkeys(results["setting"]), key=lambda s: (not s.startswith("iid"), s))
+    files = [save_figure(accuracy_heatmap(results, settings), out / f"accuracy_heatmap.{fmt}")]
+    if trade[["suppression_loss", "integrity_loss"]].notna().all(axis=1).any():
+        files.append(save_figure(tradeoff_scatter(trade, settings), out / f"tradeoff.{fmt}"))
+    fig = weight_vs_skew(results, weights.drop(columns=["rule", "attack", "setting", "seed"], errors="ignore"))
+    if fig is not None:
+        files.append(save_figure(fig, out / f"weights_vs_skew.{fmt}"))
+    return files
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command line: ``python -m experiments.report <multirun dir> [--out DIR] [--wandb] [--format png|pdf|svg]``."""
     parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
@@ -272,7 +315,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--wandb-project", default=None, help="W&B project (default: the runs' logger.project)")
     parser.add_argument("--format", default="png", choices=FIGURE_FORMATS, dest="fmt",
                         help="file format of the figures (default png; pdf or svg for a paper)")
+    parser.add_argument("--redraw", action="store_true",
+                        help="SWEEP is a report folder: draw its heatmap, trade-off and weights figures again "
+                             "from its CSV files (no run folders needed)")
     args = parser.parse_args(argv)
+    if args.redraw:
+        try:
+            for path in redraw(args.sweep, args.out, fmt=args.fmt):
+                print(f"figure: {path}")
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         report = build_report(args.sweep, args.out, wandb=args.wandb, wandb_mode=args.wandb_mode,
                               wandb_project=args.wandb_project, fmt=args.fmt)

@@ -156,3 +156,20 @@ def test_report_writes_pdf_or_svg(tmp_path: Path, fmt: str, magic: bytes) -> Non
     assert f"accuracy_heatmap.{fmt}" in (out / "report.md").read_text()
     with pytest.raises(SystemExit):
         rep.main([str(root), "--out", str(out), "--format", "jpg"])
+
+
+def test_figures_redraw_from_the_report_csv_files_alone(tmp_path: Path) -> None:
+    from tests.test_report import IID, make_run
+
+    root = tmp_path / "sweep"
+    for job, ((rule, attack), accs) in enumerate(IID.items()):
+        for seed, acc in enumerate(accs):
+            make_run(root, 2 * job + seed, rule, attack, "iid", seed, acc)
+    report = rep.build_report(root, tmp_path / "report", wandb=False)
+    only_csv = tmp_path / "csv"
+    only_csv.mkdir()
+    for name in ("results.csv", "tradeoff.csv", "weights.csv"):
+        (only_csv / name).write_bytes((report.out_dir / name).read_bytes())
+    assert rep.main([str(only_csv), "--redraw", "--format", "svg"]) == 0  # the run folders are not needed
+    assert {p.name for p in only_csv.glob("*.svg")} == {"accuracy_heatmap.svg", "tradeoff.svg", "weights_vs_skew.svg"}
+    assert rep.main([str(tmp_path / "sweep"), "--redraw"]) == 2  # a sweep folder is not a report folder
