@@ -7,7 +7,7 @@ appends its status to ``<sweep dir>/sweep_progress.jsonl`` and prints::
 
     [3 of 30 done] #2 krum vs alie, iid, seed 0: final acc 0.912 (4.1 s)
 
-and the sweep ends with::
+and the last job to finish (or the end of the sweep, when a job never reported) prints::
 
     sweep finished: 27 done, 0 failed, 3 skipped (of 30 jobs), wall time 2 min 5 s
     report: python -m experiments.report multirun/integrity_vs_suppression_quick/2024-01-01_12-00-00
@@ -32,7 +32,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from hydra.experimental.callback import Callback
 
-__all__ = ["SweepProgress", "count_jobs", "start", "finish_job", "summary", "PROGRESS_FILE", "JOBS_FILE"]
+__all__ = ["SweepProgress", "count_jobs", "start", "finish_job", "complete", "summary", "record_current_job",
+           "PROGRESS_FILE", "JOBS_FILE"]
 
 #: One JSON line per finished job: ``{"job", "status", "line", "time"}``.
 PROGRESS_FILE = "sweep_progress.jsonl"
@@ -99,6 +100,12 @@ def finish_job(sweep_dir: str | os.PathLike[str], job: int, status: str, text: s
     k = len(last)
     of = f" of {meta['jobs']}" if meta.get("jobs") else ""
     return f"[{k}{of} done] #{job} {text}"
+
+
+def complete(sweep_dir: str | os.PathLike[str]) -> bool:
+    """Every job of the sweep (as counted by :func:`start`) has reported."""
+    meta, last = _read(Path(sweep_dir))
+    return bool(meta.get("jobs")) and len(last) >= int(meta["jobs"])
 
 
 def _duration(seconds: float) -> str:
@@ -173,6 +180,30 @@ def _status(run_dir: Path, failed: bool) -> str:
         return "ok"
 
 
+def _report(sweep_dir: str, job: int, status: str, text: str) -> None:
+    """Record a job, print its line, and print the summary when it was the last job to report
+    (so the summary also comes when a failed job ends the sweep before Hydra's own end)."""
+    print(finish_job(sweep_dir, job, status, text), flush=True)
+    if complete(sweep_dir):
+        print(summary(sweep_dir), flush=True)
+
+
+def record_current_job(status: str, error: BaseException) -> None:
+    """From inside a ``-m`` job (Hydra's config set): record that this job ends with ``status``
+    because of ``error`` and print its line; a no-op outside a multirun. For the jobs that leave
+    by ``sys.exit`` (a bad value: exit status 2), which Hydra's ``on_job_end`` never sees."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    try:
+        hc = HydraConfig.get()
+    except ValueError:
+        return
+    if hc.mode != RunMode.MULTIRUN:
+        return
+    _report(str(hc.sweep.dir), int(hc.job.num), status, f"failed: {type(error).__name__}: {error}")
+
+
 class SweepProgress(Callback):
     """Hydra callback: the sweep's size at the start, a line per finished job, a summary at the end
     (see the module docstring). Does nothing outside ``-m`` (multirun) mode."""
@@ -207,8 +238,9 @@ class SweepProgress(Callback):
         run_dir = Path(hc.runtime.output_dir)  # the job's folder (working_dir is the cwd: chdir=false)
         error = job_return._return_value if failed else None
         status = _status(run_dir, failed)
-        print(finish_job(hc.sweep.dir, int(hc.job.num), status, job_line(config, status, run_dir, error)), flush=True)
+        _report(str(hc.sweep.dir), int(hc.job.num), status, job_line(config, status, run_dir, error))
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        """Print the summary and the report command."""
-        print(summary(config.hydra.sweep.dir), flush=True)
+        """Print the summary and the report command, unless the last job to report printed it."""
+        if not complete(config.hydra.sweep.dir):
+            print(summary(config.hydra.sweep.dir), flush=True)

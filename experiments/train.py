@@ -265,6 +265,9 @@ def main(cfg: DictConfig) -> float:
         if isinstance(exc, (ConfigError, AssumptionError)) and HydraConfig.get().mode != RunMode.MULTIRUN:
             _discard_rejected_run_dir()  # a rejected configuration leaves no run folder behind
         print(f"error: {exc}", file=sys.stderr)
+        from .sweep_progress import record_current_job
+
+        record_current_job("failed", exc)  # in a sweep: "[k of N done] ... failed" (Hydra never sees an exit)
         sys.exit(2)
     return float(summary.get("final_test_acc", math.nan))
 

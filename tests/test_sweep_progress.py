@@ -43,12 +43,26 @@ def test_progress_counts_every_finished_job_and_the_summary_names_the_report(tmp
         "[1 of 3 done] #0 mean vs none, iid, seed 0: final acc 0.912"
     assert sp.finish_job(tmp_path, 2, "skipped", "bulyan vs none: Bulyan requires n >= 4f + 3").startswith("[2 of 3 done]")
     assert sp.finish_job(tmp_path, 1, "failed", "krum vs alie: RuntimeError: boom").startswith("[3 of 3 done] #1")
+    assert sp.complete(tmp_path)
     text = sp.summary(tmp_path)
     assert "1 done, 1 failed, 1 skipped (of 3 jobs)" in text
     assert f"python -m experiments.report {tmp_path}" in text and "wall time" in text
     # a job that finishes twice (a re-run of the sweep folder) is counted once, its last status wins
     sp.finish_job(tmp_path, 1, "ok", "krum vs alie: final acc 0.8")
     assert "2 done, 0 failed, 1 skipped (of 3 jobs)" in sp.summary(tmp_path)
+
+
+def test_a_job_that_exits_on_a_bad_value_is_counted_as_failed(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "experiments.train", "-m", "+experiment=integrity_vs_suppression_quick",
+                           "+experiment/rule=mean", "attack=none", "data.partition=iid", "optimizer.lr=-1",
+                           f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "[1 of 1 done] #0 failed: ConfigError: optimizer.lr must be" in out
+    assert "0 done, 1 failed, 0 skipped (of 1 jobs)" in out
 
 
 def test_sweep_size_is_the_launched_job_count() -> None:
@@ -69,7 +83,7 @@ def test_a_sweep_prints_one_line_per_job_and_a_summary(tmp_path: Path) -> None:
     assert proc.returncode == 0, out[-4000:]
     for k in range(1, 5):
         assert f"[{k} of 4 done]" in out, out[-4000:]
-    assert "2 done, 0 failed, 2 skipped (of 4 jobs)" in out
+    assert "2 done, 0 failed, 2 skipped (of 4 jobs)" in out and out.count("sweep finished:") == 1
     assert f"python -m experiments.report {sweep}" in out
     assert "┏" not in out and "summary: {" not in out  # no per-job table, no dict dump
     assert out.count("Bulyan requires") == 2  # once per skipped job, not twice
