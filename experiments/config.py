@@ -258,7 +258,7 @@ class TrainerConf:
             ``scheduler`` groups (``optimizer.lr=0.05``, ``scheduler=cosine``); setting one here
             is refused with a message naming the new key.
         worker_momentum: beta of each worker's momentum (0 = off).
-        eval_every: evaluate on the test set every K steps (and at the end).
+        eval_every: evaluate on the test set every K steps, at step 0 and at the end (0: only at the end).
         param_check_every: compare a parameter digest across ranks every K steps (and at the end).
         reduction: the robust reduction mode: ``auto`` (``sharded`` where the rule supports it, else
             ``gather``), ``gather`` or ``sharded``.
