@@ -33,7 +33,8 @@ from robustagg.limits import limit
 
 __all__ = ["Mode", "Partition", "DataName", "ByzantineData", "ThreatConf", "DataConf", "ModelConf", "CheckpointConf",
            "TrainerConf", "FaultConf", "OptimizerLimits", "LoggerConf", "TrainConfig", "register_configs",
-           "check_group_choices", "check_setting_keys", "check_command_line", "moved_settings"]
+           "check_group_choices", "check_setting_keys", "check_command_line", "moved_settings", "DATA_KEYS",
+           "logged_config", "partition_label"]
 
 
 class Mode(str, enum.Enum):
@@ -164,6 +165,70 @@ class DataConf:
     args: Dict[str, Any] = field(default_factory=dict)
 
 
+#: The ``data`` keys every data set reads (the split, the partition and the sample limits).
+_DATA_COMMON = ("name", "partition", "alpha", "shards_per_worker", "imbalance", "min_samples", "max_tries",
+                "byzantine_data", "test_fraction", "max_train_samples", "max_test_samples", "augment")
+_FILES = ("root", "download")
+#: Per data set, the :class:`DataConf` keys it reads (what :func:`experiments.data.build_data` uses):
+#: the common keys, then its own. The logged config keeps only these (:func:`logged_config`).
+DATA_KEYS: Dict[str, tuple[str, ...]] = {
+    "digits": _DATA_COMMON,
+    "synthetic": _DATA_COMMON + ("dim", "num_classes", "samples", "separation", "heterogeneity"),
+    "mnist": _DATA_COMMON + _FILES, "fashion_mnist": _DATA_COMMON + _FILES, "cifar10": _DATA_COMMON + _FILES,
+    "cifar100": _DATA_COMMON + _FILES + ("label",),
+    "hf": _DATA_COMMON + ("root", "path", "hf_name", "image_key", "label_key", "partition_key"),
+    "custom": _DATA_COMMON + ("_target_", "args"),
+}
+
+
+def logged_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """``cfg`` (a resolved config as plain dicts) with only the chosen data set's ``data`` keys
+    (:data:`DATA_KEYS`): what W&B stores as the run's config. An unknown data set keeps every key.
+
+    Example:
+        >>> sorted(logged_config({"data": {"name": "digits", "partition": "iid", "samples": 4000}})["data"])
+        ['name', 'partition']
+    """
+    data = cfg.get("data")
+    if not isinstance(data, dict):
+        return dict(cfg)
+    name = getattr(data.get("name"), "value", data.get("name"))
+    keep = DATA_KEYS.get(str(name))
+    if keep is None:
+        return dict(cfg)
+    return {**cfg, "data": {k: v for k, v in data.items() if k in keep}}
+
+
+def partition_label(data: Any) -> str:
+    """Short label of how the data is split: ``iid``, ``dirichlet(a=0.1)``, ``label_sorted(2 shards)``,
+    ``long_tail(x10)``; synthetic feature shift appends ``+shift=h``. ``data``: the ``data`` node
+    (a mapping).
+
+    Example:
+        >>> partition_label({"partition": "dirichlet", "alpha": 0.1})
+        'dirichlet(a=0.1)'
+    """
+    import math
+
+    def value(key: str, default: Any = None) -> Any:
+        v = data.get(key, default)
+        return getattr(v, "value", v)
+
+    part = str(value("partition", "iid"))
+    if part == "dirichlet":
+        label = f"dirichlet(a={float(value('alpha', math.nan)):g})"
+    elif part == "label_sorted":
+        label = f"label_sorted({value('shards_per_worker', '?')} shards)"
+    elif part == "long_tail":
+        label = f"long_tail(x{float(value('imbalance', math.nan)):g})"
+    else:
+        label = part
+    het = value("heterogeneity")
+    if value("name") == "synthetic" and isinstance(het, (int, float)) and het > 0:
+        label += f"+shift={het:g}"
+    return label
+
+
 @dataclass
 class ModelConf:
     """Former fixed model schema (``name``, ``hidden``, ``channels``, ``dropout``), kept for
@@ -203,7 +268,7 @@ class TrainerConf:
             ``scheduler`` groups (``optimizer.lr=0.05``, ``scheduler=cosine``); setting one here
             is refused with a message naming the new key.
         worker_momentum: beta of each worker's momentum (0 = off).
-        eval_every: evaluate on the test set every K steps (and at the end).
+        eval_every: evaluate on the test set every K steps, at step 0 and at the end (0: only at the end).
         param_check_every: compare a parameter digest across ranks every K steps (and at the end).
         reduction: the robust reduction mode: ``auto`` (``sharded`` where the rule supports it, else
             ``gather``), ``gather`` or ``sharded``.
@@ -272,7 +337,7 @@ class TrainerConf:
     scheduler: Any = field(default=None, metadata={"moved_to": "scheduler=NAME (none | cosine | warmup_cosine | "
                                                                 "multistep)"})
     worker_momentum: float = 0.0
-    eval_every: int = 50
+    eval_every: int = 25
     param_check_every: int = 100
     reduction: str = "auto"
     on_nonfinite: str = "abort"

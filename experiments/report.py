@@ -16,7 +16,8 @@ Reads every run of a Hydra multirun folder (resolved config, ``metrics.jsonl``, 
   setting, the attack named (:mod:`experiments.report_worstcase`);
 - ``accuracy_heatmap.png``, ``tradeoff.png``, ``kappa_<setting>.png``, ``weights_vs_skew.png``,
   ``learning_acc_<setting>.png`` and ``learning_loss_<setting>.png`` (learning curves: a panel per
-  rule, a line per attack, the seeds as a band).
+  rule, a line per attack, the seeds as a band); ``--format pdf`` or ``--format svg`` writes them
+  as PDF or SVG instead (vector figures for a paper).
 
 With ``--wandb`` (or when the sweep's runs logged to W&B), the tables (``wandb.Table``) and images
 are also logged to a run named ``report`` in the sweep's W&B group (offline unless
@@ -44,11 +45,12 @@ from robustagg.errors import ConfigError
 from .report_figures import (accuracy_heatmap, availability_vs_bias, kappa_curves, learning_curves, save_figure,
                              tradeoff_scatter, weight_vs_skew)
 from .report_load import SweepData, load_sweep, write_atomic
-from .report_tables import (RULE_ORDER, Report, across_settings, add_derived, availability_table, backdoor_table, pivot,
-                            slug, to_markdown, tradeoff)
+from .report_style import FIGURE_FORMATS
+from .report_tables import (RULE_ORDER, SCORED, Report, across_settings, add_derived, availability_table,
+                            backdoor_table, order, pivot, slug, to_markdown, tradeoff)
 from .report_worstcase import worst_case, worst_case_heatmap
 
-__all__ = ["Report", "build_report", "write_text", "write_csv", "main"]
+__all__ = ["Report", "build_report", "redraw", "write_text", "write_csv", "main"]
 
 RESULT_COLUMNS = ["run_id", "status", "rule", "attack", "setting", "heterogeneity", "data", "seed", "n", "f",
                   "byzantine", "final_acc", "final_asr", "best_acc", "worst_class_acc", "final_loss",
@@ -80,6 +82,25 @@ def _counts(results: pd.DataFrame) -> str:
     parts = [f"{int(counts.get(k, 0))} {k}" for k in ("ok", "skipped", "diverged", "invalid", "failed", "missing")
              if counts.get(k, 0) or k in ("ok", "skipped")]
     return f"{len(results)} runs: " + ", ".join(parts)
+
+
+def _empty_column_notes(sub: pd.DataFrame) -> list[str]:
+    """Why a trade-off column of one setting's runs ``sub`` is empty: the runs it compares with
+    are not in the sweep (``attack=none`` of the same rule; the mean rule with ``attack=none``)."""
+    scored = sub[sub["status"].isin(SCORED)]
+    clean = set(scored.loc[scored["attack"] == "none", "rule"])
+    rules = order(scored["rule"], RULE_ORDER)
+    lacking = [r for r in rules if r not in clean]
+    notes = []
+    if lacking:
+        notes.append(f"Empty integrity and suppression losses for {', '.join(lacking)}: each needs an attack=none "
+                     "run in the sweep (the same rule, data and seed without an attack); add `none` to the sweep's "
+                     "attack list.")
+    if rules and "mean" not in clean:
+        notes.append("Empty suppression losses (and `run/acc_drop_vs_mean` in results.csv): the comparison needs a "
+                     "run of the mean rule with attack=none in the sweep (add `mean` to the rules, `none` to the "
+                     "attacks).")
+    return [n for note in notes for n in (note, "")]
 
 
 def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, settings: list[str],
@@ -122,6 +143,7 @@ def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, sett
                 "seeds": t["seeds"]})
             lines += ["### Integrity vs suppression per rule", "",
                       to_markdown(view.set_index("rule")), ""]
+            lines += _empty_column_notes(sub)
         asr = backdoor_table(results, setting)
         if asr is not None:
             lines += ["### Backdoor attack success rate (%), rule × attack", "",
@@ -131,9 +153,9 @@ def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, sett
         lines += ["### Worst-class test accuracy (%), rule × attack", "",
                   to_markdown(pivot(results, "worst_class_acc", setting)), ""]
         for fig in figures.get(setting, []):
-            lines += [f"![{fig}]({fig})", ""]
+            lines += [_figure_link(fig), ""]
     for fig in figures.get("", []):
-        lines += [f"![{fig}]({fig})", ""]
+        lines += [_figure_link(fig), ""]
     skipped = results[results["status"] != "ok"]
     if len(skipped):
         lines += ["## Runs that did not finish", "",
@@ -160,9 +182,15 @@ def _markdown(sweep: SweepData, results: pd.DataFrame, trade: pd.DataFrame, sett
     return "\n".join(lines)
 
 
+def _figure_link(name: str) -> str:
+    """Markdown for a figure file: an image (PNG, SVG) or, for a PDF that no Markdown viewer shows
+    inline, a link."""
+    return f"[{name}]({name})" if name.endswith(".pdf") else f"![{name}]({name})"
+
+
 def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLike[str]] = None, *,
                  wandb: Optional[bool] = None, wandb_mode: Optional[str] = None,
-                 wandb_project: Optional[str] = None) -> Report:
+                 wandb_project: Optional[str] = None, fmt: str = "png") -> Report:
     """Read the sweep under ``root`` and write the report files (see the module docstring).
 
     Args:
@@ -171,13 +199,16 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
         wandb: log tables and images to W&B; ``None``: when the runs used ``logger=wandb``.
         wandb_mode: ``offline`` (default), ``online`` or ``disabled``; ``$WANDB_MODE`` wins.
         wandb_project: W&B project (default: the runs' ``logger.project``, else ``robustagg``).
+        fmt: the figures' file format, ``png`` (default), ``pdf`` or ``svg``.
 
     Returns:
         a :class:`Report`.
 
     Raises:
-        ConfigError: ``root`` does not exist or holds no run.
+        ConfigError: ``root`` does not exist or holds no run; ``fmt`` is not a known format.
     """
+    if fmt not in FIGURE_FORMATS:
+        raise ConfigError(f"report format must be one of {', '.join(FIGURE_FORMATS)}; got {fmt!r}.")
     sweep = load_sweep(root)
     out = Path(out_dir) if out_dir is not None else Path(root) / "report"
     results = add_derived(sweep.runs)
@@ -191,39 +222,39 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
     figures: dict[str, list[str]] = {}
     ok = results[results["status"].isin(("ok", "diverged"))]
     if len(ok):
-        files.append(save_figure(accuracy_heatmap(results, settings), out / "accuracy_heatmap.png"))
-        figures.setdefault("", []).append("accuracy_heatmap.png")
+        files.append(save_figure(accuracy_heatmap(results, settings), out / f"accuracy_heatmap.{fmt}"))
+        figures.setdefault("", []).append(f"accuracy_heatmap.{fmt}")
         worst = worst_case(results)
         files.append(write_csv(out / "worst_case.csv", worst))
         if (worst["attacks"] > 0).any():
-            files.append(save_figure(worst_case_heatmap(worst, settings, RULE_ORDER), out / "worst_case_heatmap.png"))
-            figures[""].append("worst_case_heatmap.png")
+            files.append(save_figure(worst_case_heatmap(worst, settings, RULE_ORDER), out / f"worst_case_heatmap.{fmt}"))
+            figures[""].append(f"worst_case_heatmap.{fmt}")
         if trade[["suppression_loss", "integrity_loss"]].notna().all(axis=1).any():
-            files.append(save_figure(tradeoff_scatter(trade, settings), out / "tradeoff.png"))
-            figures[""].append("tradeoff.png")
+            files.append(save_figure(tradeoff_scatter(trade, settings), out / f"tradeoff.{fmt}"))
+            figures[""].append(f"tradeoff.{fmt}")
         for setting in settings:
             fig = kappa_curves(results, sweep.kappa, setting)
             if fig is not None:
-                name = f"kappa_{slug(setting)}.png"
+                name = f"kappa_{slug(setting)}.{fmt}"
                 files.append(save_figure(fig, out / name))
                 figures.setdefault(setting, []).append(name)
         for setting in settings:
             for metric in ("acc", "loss"):
                 fig = learning_curves(results, sweep.curves, setting, metric)
                 if fig is not None:
-                    name = f"learning_{metric}_{slug(setting)}.png"
+                    name = f"learning_{metric}_{slug(setting)}.{fmt}"
                     files.append(save_figure(fig, out / name))
                     figures.setdefault(setting, []).append(name)
         for axis in ("participation", "tau"):
             fig = availability_vs_bias(results, axis)
             if fig is not None:
-                name = f"availability_{axis}.png"
+                name = f"availability_{axis}.{fmt}"
                 files.append(save_figure(fig, out / name))
                 figures.setdefault("", []).append(name)
         fig = weight_vs_skew(results, sweep.weights)
         if fig is not None:
-            files.append(save_figure(fig, out / "weights_vs_skew.png"))
-            figures[""].append("weights_vs_skew.png")
+            files.append(save_figure(fig, out / f"weights_vs_skew.{fmt}"))
+            figures[""].append(f"weights_vs_skew.{fmt}")
     text = _markdown(sweep, results, trade, settings, figures)
     files.append(write_text(out / "report.md", text))
     report = Report(out_dir=out, results=results, tradeoff=trade, settings=settings, files=files, markdown=text)
@@ -235,8 +266,51 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
     return report
 
 
+def redraw(report_dir: str | os.PathLike[str], out_dir: Optional[str | os.PathLike[str]] = None, *,
+           fmt: str = "png") -> list[Path]:
+    """Draw the figures that need only a report's CSV files again, from ``results.csv``,
+    ``tradeoff.csv`` and ``weights.csv`` in ``report_dir``: the accuracy heatmap, the trade-off
+    plot and the weights against label skew (the kappa-hat and learning curves need the runs'
+    ``metrics.jsonl``). This is how the figures in ``docs/img`` are made from result files,
+    without the sweep's run folders.
+
+    Args:
+        report_dir: a folder written by :func:`build_report` (or one holding its three CSVs).
+        out_dir: where to write (default ``report_dir``).
+        fmt: ``png`` (default), ``pdf`` or ``svg``.
+
+    Returns:
+        the figure files written.
+
+    Raises:
+        ConfigError: a CSV is missing, or ``fmt`` is not a known format.
+    """
+    if fmt not in FIGURE_FORMATS:
+        raise ConfigError(f"report format must be one of {', '.join(FIGURE_FORMATS)}; got {fmt!r}.")
+    src = Path(report_dir)
+    out = Path(out_dir) if out_dir is not None else src
+    tables = {}
+    for name in ("results", "tradeoff", "weights"):
+        path = src / f"{name}.csv"
+        if not path.is_file():
+            raise ConfigError(f"no {path.name} in {str(src)!r}: pass a folder written by python -m experiments.report.")
+        tables[name] = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    results, trade, weights = tables["results"], tables["tradeoff"], tables["weights"]
+    for col in ("rule", "attack", "setting", "status"):
+        results[col] = results[col].astype(str)
+    trade["frontier"] = trade["frontier"].astype(str).str.lower().isin(("true", "1"))
+    settings = sorted(dict.fromkeys(results["setting"]), key=lambda s: (not s.startswith("iid"), s))
+    files = [save_figure(accuracy_heatmap(results, settings), out / f"accuracy_heatmap.{fmt}")]
+    if trade[["suppression_loss", "integrity_loss"]].notna().all(axis=1).any():
+        files.append(save_figure(tradeoff_scatter(trade, settings), out / f"tradeoff.{fmt}"))
+    fig = weight_vs_skew(results, weights.drop(columns=["rule", "attack", "setting", "seed"], errors="ignore"))
+    if fig is not None:
+        files.append(save_figure(fig, out / f"weights_vs_skew.{fmt}"))
+    return files
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Command line: ``python -m experiments.report <multirun dir> [--out DIR] [--wandb]``."""
+    """Command line: ``python -m experiments.report <multirun dir> [--out DIR] [--wandb] [--format png|pdf|svg]``."""
     parser = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
     parser.add_argument("sweep", help="the multirun folder Hydra printed (e.g. multirun/<experiment>/<date_time>)")
     parser.add_argument("--out", default=None, help="output folder (default: <sweep>/report)")
@@ -247,10 +321,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--wandb-mode", default=None, choices=["offline", "online", "disabled"],
                         help="W&B mode (default offline; $WANDB_MODE wins)")
     parser.add_argument("--wandb-project", default=None, help="W&B project (default: the runs' logger.project)")
+    parser.add_argument("--format", default="png", choices=FIGURE_FORMATS, dest="fmt",
+                        help="file format of the figures (default png; pdf or svg for a paper)")
+    parser.add_argument("--redraw", action="store_true",
+                        help="SWEEP is a report folder: draw its heatmap, trade-off and weights figures again "
+                             "from its CSV files (no run folders needed)")
     args = parser.parse_args(argv)
+    if args.redraw:
+        try:
+            for path in redraw(args.sweep, args.out, fmt=args.fmt):
+                print(f"figure: {path}")
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         report = build_report(args.sweep, args.out, wandb=args.wandb, wandb_mode=args.wandb_mode,
-                              wandb_project=args.wandb_project)
+                              wandb_project=args.wandb_project, fmt=args.fmt)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -126,26 +126,16 @@ def _class_name(target: str) -> Optional[str]:
 
 
 def heterogeneity_label(data: dict[str, Any]) -> str:
-    """Short label of how the data is split: ``iid``, ``dirichlet(a=0.1)``, ``label_sorted(2 shards)``,
-    ``long_tail(x10)``; synthetic feature shift appends ``+shift=h``.
+    """Short label of how the data is split (:func:`experiments.config.partition_label`, the one
+    definition, shared with the run names and W&B tags).
 
     Example:
         >>> heterogeneity_label({"partition": "dirichlet", "alpha": 0.1})
         'dirichlet(a=0.1)'
     """
-    part = str(data.get("partition", "iid"))
-    if part == "dirichlet":
-        label = f"dirichlet(a={float(data.get('alpha', math.nan)):g})"
-    elif part == "label_sorted":
-        label = f"label_sorted({data.get('shards_per_worker', '?')} shards)"
-    elif part == "long_tail":
-        label = f"long_tail(x{float(data.get('imbalance', math.nan)):g})"
-    else:
-        label = part
-    het = data.get("heterogeneity")
-    if data.get("name") == "synthetic" and isinstance(het, (int, float)) and het > 0:
-        label += f"+shift={het:g}"
-    return label
+    from .config import partition_label
+
+    return partition_label(data)
 
 
 def describe_run(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -30,20 +30,36 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from .report_style import FIGURE_FORMATS, KAPPA_FLOOR, MAX_COLUMNS, attack_color, rule_color  # noqa: E402
 from .report_tables import ATTACK_ORDER, RULE_ORDER, mean_grid, order  # noqa: E402
 
 __all__ = ["rule_colors", "save_figure", "accuracy_heatmap", "tradeoff_scatter", "kappa_curves", "weight_vs_skew", "kappa_bounds",
-           "curve_bands", "learning_curves", "availability_vs_bias"]
+           "curve_bands", "learning_curves", "availability_vs_bias", "MIN_SPAN_PP"]
 
 _DPI = 110
+#: The trade-off plot's axes span at least this many percentage points, so that a spread of a point
+#: or two (seed noise on iid data) is not stretched across the whole panel.
+MIN_SPAN_PP = 10.0
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str]) -> Path:
-    """Save ``fig`` as PNG atomically (temp file in the same folder, fsync, rename), then close it."""
+    """Save ``fig`` atomically (temp file in the same folder, fsync, rename), then close it; the
+    format is the suffix of ``path`` (``.png``, ``.pdf`` or ``.svg``, :data:`FIGURE_FORMATS`).
+
+    Raises:
+        ValueError: another suffix.
+    """
     from .report_load import write_atomic
 
+    fmt = Path(path).suffix.lstrip(".").lower()
+    if fmt not in FIGURE_FORMATS:
+        plt.close(fig)
+        raise ValueError(f"save_figure: the figure format must be one of {', '.join(FIGURE_FORMATS)}; got {path!s}.")
+
     def write(tmp: str) -> None:
-        fig.savefig(tmp, format="png", dpi=_DPI, bbox_inches="tight")
+        # no creation date in PDF/SVG: the same figure gives the same bytes
+        meta = {"CreationDate": None} if fmt == "pdf" else {"Date": None} if fmt == "svg" else None
+        fig.savefig(tmp, format=fmt, dpi=_DPI, bbox_inches="tight", metadata=meta)
 
     try:
         return write_atomic(path, write)
@@ -51,21 +67,35 @@ def save_figure(fig: Any, path: str | os.PathLike[str]) -> Path:
         plt.close(fig)
 
 
-def _grid(k: int, cols: int, w: float, h: float) -> tuple[Any, np.ndarray]:
-    ncols = max(1, min(cols, k))
+def _grid(k: int, cols: int, w: float, h: float, *, share: bool = False) -> tuple[Any, np.ndarray]:
+    """``k`` panels, at most ``min(cols, MAX_COLUMNS)`` a row; ``share``: one x and one y range for
+    all of them (panels that are compared), tick labels kept on the lowest panel of every column."""
+    ncols = max(1, min(cols, MAX_COLUMNS, k))
     nrows = max(1, math.ceil(k / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False, layout="constrained",
+                             sharex=share, sharey=share)
     for ax in axes.flat[k:]:
         ax.set_visible(False)
+    if share:
+        for i, ax in enumerate(axes.flat[:k]):
+            if i + ncols >= k:  # nothing visible below it: its x tick labels stay
+                ax.xaxis.set_tick_params(labelbottom=True)
     return fig, axes
 
 
+def _label_outer(axes: np.ndarray, k: int, xlabel: str, ylabel: str) -> None:
+    """Axis titles only where they are needed on a shared grid: y on the first column, x on the
+    lowest visible panel of each column."""
+    ncols = axes.shape[1]
+    for i, ax in enumerate(axes.flat[:k]):
+        ax.set_ylabel(ylabel if i % ncols == 0 else "")
+        ax.set_xlabel(xlabel if i + ncols >= k else "")
+
+
 def rule_colors(rules: Sequence[str]) -> dict[str, Any]:
-    """One distinct colour per rule (tab10, then the light tab20 shades), in ``RULE_ORDER``."""
-    ordered = order(rules, RULE_ORDER)
-    tab10, tab20 = matplotlib.colormaps["tab10"], matplotlib.colormaps["tab20"]
-    palette = [tab10(i) for i in range(10)] + [tab20(2 * i + 1) for i in range(10)]
-    return {r: palette[i % len(palette)] for i, r in enumerate(ordered)}
+    """Each rule's fixed colour (hex, :func:`experiments.report_style.rule_color`), in ``RULE_ORDER``:
+    a rule has the same colour in every figure, whichever other rules the sweep ran."""
+    return {r: rule_color(r) for r in order(rules, RULE_ORDER)}
 
 
 def _legend(fig: Any, handles: dict[str, Any], ncol: int) -> None:
@@ -168,26 +198,28 @@ def tradeoff_scatter(trade: pd.DataFrame, settings: Sequence[str]) -> Any:
     Error bars: standard deviation over seeds. The Pareto frontier (lower-left is better on both)
     is drawn as a dashed step line through the rules on it, which are circled.
     """
-    fig, axes = _grid(len(settings), 2, 6.4, 5.0)
+    fig, axes = _grid(len(settings), 2, 6.4, 5.0, share=True)
     rules = order(trade["rule"], RULE_ORDER)
     colors = rule_colors(rules)
     handles: dict[str, Any] = {}
+    finite = trade[np.isfinite(trade["suppression_loss"].astype(float)) & np.isfinite(trade["integrity_loss"].astype(float))]
+    finite = finite[finite["setting"].isin(settings)]
+    placements: list[tuple[Any, list[tuple[float, float, str]]]] = []
     for ax, setting in zip(axes.flat, settings):
-        sub = trade[(trade["setting"] == setting)]
-        sub = sub[np.isfinite(sub["suppression_loss"].astype(float)) & np.isfinite(sub["integrity_loss"].astype(float))]
+        sub = finite[finite["setting"] == setting]
         points = []
         for _, row in sub.iterrows():
             x, y = 100.0 * row["suppression_loss"], 100.0 * row["integrity_loss"]
             xe = 100.0 * row["suppression_std"] if math.isfinite(row["suppression_std"]) else None
             ye = 100.0 * row["integrity_std"] if math.isfinite(row["integrity_std"]) else None
             color = colors[row["rule"]]
-            ax.errorbar(x, y, xerr=xe, yerr=ye, fmt="none", ecolor=color, alpha=0.35, capsize=2, lw=1)
+            ax.errorbar(x, y, xerr=xe, yerr=ye, fmt="none", ecolor=color, capsize=3, lw=1.4, zorder=2)
             h = ax.plot(x, y, "o", color=color, ms=7, zorder=3)[0]
             handles.setdefault(row["rule"], h)
             if row["frontier"]:
                 ax.plot(x, y, "o", ms=15, mfc="none", mec="black", mew=1.2, zorder=3)
             points.append((x, y, str(row["rule"])))
-        _label_points(ax, points)
+        placements.append((ax, points))
         front = sub[sub["frontier"].astype(bool)].sort_values("suppression_loss")
         if len(front):
             fx = 100.0 * front["suppression_loss"].to_numpy(dtype=float)
@@ -196,37 +228,81 @@ def tradeoff_scatter(trade: pd.DataFrame, settings: Sequence[str]) -> Any:
             handles.setdefault("frontier (Pareto)", line)
         ax.axhline(0, color="#999999", lw=0.6)
         ax.axvline(0, color="#999999", lw=0.6)
-        ax.set_xlabel("suppression: accuracy lost with no attack vs the mean (pp)")
-        ax.set_ylabel("integrity: accuracy lost to the worst attack (pp)")
         ax.set_title(f"integrity vs suppression — {setting}", fontsize=10)
         ax.grid(alpha=0.3)
+    _label_outer(axes, len(settings), "suppression: accuracy lost with no attack vs the mean (pp)",
+                 "integrity: accuracy lost to the worst attack (pp)")
+    ax0 = axes.flat[0]
+    ax0.set_xlim(*_span(100.0 * finite["suppression_loss"].to_numpy(dtype=float),
+                        100.0 * finite["suppression_std"].to_numpy(dtype=float)))
+    ax0.set_ylim(*_span(100.0 * finite["integrity_loss"].to_numpy(dtype=float),
+                        100.0 * finite["integrity_std"].to_numpy(dtype=float)))
     keyed = {r: handles[r] for r in rules if r in handles}
     keyed.update({k: v for k, v in handles.items() if k not in keyed})
     _legend(fig, keyed, 4)
     fig.suptitle("integrity vs suppression per rule (lower-left is better: little accuracy thrown away, "
-                 "little lost to attacks; circled = on the frontier)", fontsize=10)
+                 "little lost to attacks; error bars: sd over seeds; circled = on the frontier)", fontsize=10)
+    fig.canvas.draw()  # lay the figure out first: labels are placed in its final pixels
+    for ax, points in placements:
+        _label_points(ax, points)
     return fig
 
 
+def _span(values: np.ndarray, errors: np.ndarray) -> tuple[float, float]:
+    """An axis range holding every value with its error bar and 0, at least :data:`MIN_SPAN_PP`
+    wide (centred on the data), with a 8 % margin."""
+    err = np.where(np.isfinite(errors), errors, 0.0)
+    lo = float(np.min(np.append(values - err, 0.0)))
+    hi = float(np.max(np.append(values + err, 0.0)))
+    if hi - lo < MIN_SPAN_PP:
+        mid = (hi + lo) / 2.0
+        lo, hi = mid - MIN_SPAN_PP / 2.0, mid + MIN_SPAN_PP / 2.0
+    pad = 0.08 * (hi - lo)
+    return lo - pad, hi + pad
+
+
+#: Where a point's label may go, in points from the point: right, left, above, below, then the
+#: diagonals, each tried at growing distances (with a leader line beyond the first ring).
+_SPOTS = ((8, -3), (-8, -3), (0, 8), (0, -13), (8, 7), (-8, 7), (8, -12), (-8, -12))
+
+
 def _label_points(ax: Any, points: list[tuple[float, float, str]]) -> None:
-    """Name each point next to it, nudging a label down when it would overlap one already placed
-    (greedy, in axes-fraction units: labels closer than 4 % vertically and 22 % horizontally)."""
+    """Name each point next to it: every label takes the first spot (:data:`_SPOTS`, then the same
+    directions farther out) whose rendered box lies inside the panel and overlaps no label placed
+    before it and no point's marker. Call after the figure is laid out (``fig.canvas.draw()``); labels are kept out
+    of the layout so they cannot move it."""
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
+
     if not points:
         return
-    xs = [p[0] for p in points]
-    ys = [p[1] for p in points]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    xr, yr = (x1 - x0) or 1.0, (y1 - y0) or 1.0
-    placed: list[tuple[float, float]] = []
-    for x, y, text in sorted(points, key=lambda p: -p[1]):
-        fx, fy = (x - x0) / xr, (y - y0) / yr * 0.85
-        dy = 0.0
-        while any(abs(fx - px) < 0.22 and abs(fy - dy - py) < 0.04 for px, py in placed):
-            dy += 0.045
-        placed.append((fx, fy - dy))
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(7, 3 - 220 * dy * 0.85), fontsize=7,
-                    arrowprops=dict(arrowstyle="-", color="#888888", lw=0.5) if dy else None)
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)  # a label stays inside its panel
+    marker = 5.0 * ax.figure.dpi / 72.0  # half a 7-pt marker plus a little air, in pixels
+    centres = [ax.transData.transform((x, y)) for x, y, _ in points]
+    taken: list[Any] = [Bbox.from_extents(cx - marker, cy - marker, cx + marker, cy + marker) for cx, cy in centres]
+    for (x, y, text) in sorted(points, key=lambda p: (-p[1], p[0])):
+        ann = None
+        for ring in range(1, 12):
+            for dx, dy in _SPOTS:
+                ox, oy = dx * ring if dx else 0, dy * ring if dy else 0
+                ha = "left" if ox > 0 else "right" if ox < 0 else "center"
+                ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(ox, oy), fontsize=7, ha=ha,
+                                  arrowprops=dict(arrowstyle="-", color="#888888", lw=0.5) if ring > 1 else None,
+                                  annotation_clip=False)
+                ann.set_in_layout(False)
+                ann.update_positions(renderer)  # else the text still sits at the offset's origin
+                box = Text.get_window_extent(ann, renderer).expanded(1.04, 1.1)
+                inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+                if inside and not any(box.overlaps(t) for t in taken):
+                    taken.append(box)
+                    break
+                ann.remove()
+                ann = None
+            if ann is not None:
+                break
+        if ann is None:  # no free spot within 11 rings (hundreds of labels): the first spot
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=_SPOTS[0], fontsize=7).set_in_layout(False)
 
 
 def kappa_bounds(rule: str, n: int, f: int) -> tuple[float, float]:
@@ -278,22 +354,26 @@ def kappa_curves(runs: pd.DataFrame, kappa: pd.DataFrame, setting: str,
     seeds and step bins), the rule's literature bound (red dashed) and ``f/(n-2f)`` (black dotted)."""
     sub = runs[(runs["setting"] == setting) & (runs["status"] == "ok")]
     data = kappa.merge(sub[["run_id", "rule", "attack", "n", "f"]], on="run_id")
-    data = data[data["kappa_hat"] > 0]
+    data = data[np.isfinite(data["kappa_hat"].astype(float)) & (data["kappa_hat"].astype(float) >= 0)]
     if data.empty:
         return None
     rules = order(data["rule"], RULE_ORDER)
     attacks = order(data["attack"], ATTACK_ORDER)
-    colors = {a: matplotlib.colormaps["tab10"](i % 10) for i, a in enumerate(attacks)}
-    fig, axes = _grid(len(rules), 4, 4.2, 3.3)
+    fig, axes = _grid(len(rules), 3, 4.2, 3.3, share=True)
     handles: dict[str, Any] = {}
+    lowest = math.inf
+    floored = False
     for ax, rule in zip(axes.flat, rules):
         rd = data[data["rule"] == rule]
         for attack in attacks:
             ad = rd[rd["attack"] == attack]
             if ad.empty:
                 continue
-            xs, ys = _smooth(ad["step"].to_numpy(dtype=float), ad["kappa_hat"].to_numpy(dtype=float))
-            line, = ax.plot(xs, ys, color=colors[attack], lw=1.3)
+            values = ad["kappa_hat"].to_numpy(dtype=float)
+            floored |= bool((values < KAPPA_FLOOR).any())
+            xs, ys = _smooth(ad["step"].to_numpy(dtype=float), np.maximum(values, KAPPA_FLOOR))
+            lowest = min(lowest, float(ys.min()))
+            line, = ax.plot(xs, ys, color=attack_color(attack), lw=1.3)
             handles.setdefault(f"attack: {attack}", line)
         n, f = int(rd["n"].iloc[0]), int(rd["f"].iloc[0])
         lit, low = bounds(rule, n, f)
@@ -303,13 +383,20 @@ def kappa_curves(runs: pd.DataFrame, kappa: pd.DataFrame, setting: str,
         if math.isfinite(low) and low > 0:
             h = ax.axhline(low, color="black", ls=":", lw=1.2)
             handles.setdefault("f/(n-2f): no rule has a smaller worst-case kappa", h)
+            lowest = min(lowest, low)
         ax.set_yscale("log")
-        _plain_log_axis(ax)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(rule if math.isfinite(lit) else f"{rule} (no known bound)", fontsize=9)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("kappa-hat (ratio, log scale)")
         ax.grid(alpha=0.3, which="both")
+    ax0 = axes.flat[0]
+    ax0.set_ylim(bottom=max(KAPPA_FLOOR, lowest) / 1.5)  # shared: every panel starts at the floor or above
+    if floored:
+        for ax in axes.flat[:len(rules)]:
+            h = ax.axhline(KAPPA_FLOOR, color="#bbbbbb", lw=2.5, zorder=0)
+        handles[f"kappa-hat <= {KAPPA_FLOOR:g} (numerically zero) drawn at {KAPPA_FLOOR:g}"] = h
+    for ax in axes.flat[:len(rules)]:
+        _plain_log_axis(ax)
+    _label_outer(axes, len(rules), "training step", "kappa-hat (ratio, log scale)")
     fig.suptitle(f"empirical robustness coefficient kappa-hat = ||F(X) - mean_H||^2 / V(H) over training "
                  f"(median over seeds) — {setting}", fontsize=10)
     _legend(fig, handles, 4)
@@ -341,8 +428,7 @@ def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, setting: str, metr
     scale = 100.0 if metric == "acc" else 1.0
     rules = order(bands["rule"], RULE_ORDER)
     attacks = order(bands["attack"], ATTACK_ORDER)
-    colors = {a: matplotlib.colormaps["tab10"](i % 10) for i, a in enumerate(attacks)}
-    fig, axes = _grid(len(rules), 4, 4.2, 3.3)
+    fig, axes = _grid(len(rules), 3, 4.2, 3.3, share=True)
     handles: dict[str, Any] = {}
     for ax, rule in zip(axes.flat, rules):
         for attack in attacks:
@@ -350,16 +436,20 @@ def learning_curves(runs: pd.DataFrame, curves: pd.DataFrame, setting: str, metr
             if b.empty:
                 continue
             x = b["step"].to_numpy(dtype=float)
-            line, = ax.plot(x, scale * b["mean"].to_numpy(dtype=float), color=colors[attack], lw=1.3, marker=".")
+            color = attack_color(attack)
+            line, = ax.plot(x, scale * b["mean"].to_numpy(dtype=float), color=color, lw=1.3,
+                            marker="." if len(b) <= 40 else None)
             if (b["seeds"] > 1).any():
                 ax.fill_between(x, scale * b["low"].to_numpy(dtype=float), scale * b["high"].to_numpy(dtype=float),
-                                color=colors[attack], alpha=0.2, lw=0)
+                                color=color, alpha=0.2, lw=0)
             handles.setdefault(f"attack: {attack}", line)
         ax.set_title(rule, fontsize=9)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("test accuracy (%)" if metric == "acc" else "test loss (cross-entropy, nats)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
+    if metric == "acc":
+        axes.flat[0].set_ylim(0.0, 100.0)  # accuracy: the whole scale, the same in every report
+    _label_outer(axes, len(rules), "training step",
+                 "test accuracy (%)" if metric == "acc" else "test loss (cross-entropy, nats)")
     what = "test accuracy" if metric == "acc" else "test loss"
     fig.suptitle(f"{what} over training (line: mean over seeds; band: the seeds' range) — {setting}", fontsize=10)
     _legend(fig, handles, 4)
@@ -378,7 +468,7 @@ def weight_vs_skew(runs: pd.DataFrame, weights: pd.DataFrame, *, attack: str = "
     rules = order(data["rule"], RULE_ORDER)
     settings = list(dict.fromkeys(data["setting"]))
     colors = {s: matplotlib.colormaps["Set1"](i % 9) for i, s in enumerate(settings)}
-    fig, axes = _grid(len(rules), 4, 4.0, 3.3)
+    fig, axes = _grid(len(rules), 3, 4.0, 3.3, share=True)
     ymax = max(2.0, float(data["rel_weight"].max()) * 1.05)
     handles: dict[str, Any] = {}
     for ax, rule in zip(axes.flat, rules):
@@ -393,9 +483,8 @@ def weight_vs_skew(runs: pd.DataFrame, weights: pd.DataFrame, *, attack: str = "
         ax.set_ylim(-0.05, ymax)
         ax.set_xlim(-0.02, 1.0)
         ax.set_title(rule, fontsize=9)
-        ax.set_xlabel("label skew (TV distance to pool, 0-1)")
-        ax.set_ylabel("relative weight (n x share)")
         ax.grid(alpha=0.3)
+    _label_outer(axes, len(rules), "label skew (TV distance to pool, 0-1)", "relative weight (n x share)")
     fig.suptitle(f"who gets suppressed: each honest worker's mean weight in the aggregate vs its label skew "
                  f"(attack: {attack}; one point per worker and seed)", fontsize=10)
     _legend(fig, handles, 4)

@@ -155,6 +155,8 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
         _discard_hydra_dir(out)  # a torchrun rank's own time-stamped folder: rank 0's is the run's
     if summary:
         summary["total_seconds"] = time.perf_counter() - t0
+        if _multirun():  # one line per job, printed by experiments.sweep_progress: no table, no dict
+            return summary
         if not quiet:
             from .sinks import print_summary
 
@@ -163,6 +165,17 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
         log.info("summary: %s", {k: summary[k] for k in ("final_test_acc", "worst_class_acc", "mean_kappa_hat",
                                                            "steps", "wall_seconds") if k in summary})
     return summary
+
+
+def _multirun() -> bool:
+    """This process runs a job of a Hydra ``-m`` sweep."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:  # pragma: no cover - Hydra internals
+        return False
 
 
 def _discard_rejected_run_dir() -> None:
@@ -248,11 +261,14 @@ def main(cfg: DictConfig) -> float:
         if status is not None and HydraConfig.get().mode == RunMode.MULTIRUN:
             out = Path(HydraConfig.get().runtime.output_dir)
             write_json(out / "skipped.json", {"status": status, "reason": str(exc), "type": type(exc).__name__})
-            log.warning("%s: %s", status, exc)
+            log.debug("%s: %s", status, exc)  # the sweep's progress line says it (experiments.sweep_progress)
             return math.nan
         if isinstance(exc, (ConfigError, AssumptionError)) and HydraConfig.get().mode != RunMode.MULTIRUN:
             _discard_rejected_run_dir()  # a rejected configuration leaves no run folder behind
         print(f"error: {exc}", file=sys.stderr)
+        from .sweep_progress import record_current_job
+
+        record_current_job("failed", exc)  # in a sweep: "[k of N done] ... failed" (Hydra never sees an exit)
         sys.exit(2)
     return float(summary.get("final_test_acc", math.nan))
 

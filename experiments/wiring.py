@@ -26,6 +26,7 @@ import socket
 import uuid
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import torch
@@ -41,7 +42,7 @@ from robustagg.launch import Job, RunSettings, WorkerContext, WorkerParts
 from robustagg.preaggregation.base import PreAggregator
 from robustagg.training import AttackAdapter, ByzantineBehaviour, Fault, evaluate
 
-from .config import FaultConf, Mode, OptimizerLimits, TrainConfig
+from .config import FaultConf, Mode, OptimizerLimits, TrainConfig, logged_config, partition_label
 from .data import augment_enabled, build_data
 from .models import instantiate_model
 from .optim import build_optimizer, build_scheduler, moved_keys
@@ -286,6 +287,29 @@ class Plan:
         """:attr:`cfg` as a DictConfig."""
         return OmegaConf.create(self.cfg)  # type: ignore[return-value]
 
+    def _identity(self) -> tuple[str, str]:
+        return partition_label(self.cfg.get("data") or {}), str(self.cfg.get("seed", 0))
+
+    def run_label(self) -> str:
+        """The run's display name (W&B), ``<rule>-<attack>-<partition>-seed<s>``, e.g.
+        ``trimmed_mean-alie-dirichlet(a=0.1)-seed3``: the runs of a sweep are told apart."""
+        part, seed = self._identity()
+        return f"{self.rule_name}-{self.attack_name}-{part}-seed{seed}"
+
+    def logger(self) -> dict[str, Any]:
+        """The ``logger`` node with W&B tags ``rule:<rule>``, ``attack:<attack>``,
+        ``partition:<label>``, ``seed:<s>`` after the user's own, and the group: ``logger.group``,
+        else in a Hydra ``-m`` sweep the sweep folder's last two parts (the report's group,
+        :func:`experiments.report_wandb.sweep_group`), else none."""
+        node = dict(self.cfg["logger"])
+        part, seed = self._identity()
+        mine = [f"rule:{self.rule_name}", f"attack:{self.attack_name}", f"partition:{part}", f"seed:{seed}"]
+        own = [str(t) for t in node.get("tags") or []]
+        node["tags"] = own + [t[:64] for t in mine if t[:64] not in own]  # W&B refuses tags over 64 characters
+        if not node.get("group"):
+            node["group"] = _sweep_group()
+        return node
+
     def job(self) -> Job:
         """The library :class:`~robustagg.launch.Job` of this plan (what :func:`robustagg.launch.launch` runs)."""
         cfg = self.config()
@@ -303,7 +327,7 @@ class Plan:
             processes=int(tr.processes), measure_bias=bool(tr.measure_bias), precision=str(tr.precision),
             batched_gradients=bool(tr.batched_gradients), rejoin=bool(tr.rejoin), peer_copy=bool(tr.peer_copy),
             membership=OmegaConf.to_container(tr.membership, resolve=True) if tr.membership else [],
-            logger=dict(self.cfg["logger"]), key_names=SETTING_KEYS)
+            logger=self.logger(), key_names=SETTING_KEYS)
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}
@@ -311,9 +335,22 @@ class Plan:
                                          attack_name=self.attack_name),
                    n=self.n, run_dir=self.out_dir, settings=settings, f=self.f, rule=build_rule(cfg),
                    byzantine_ids=self.byzantine_ranks, identities=self.identities, fingerprint=dict(self.fingerprint),
-                   faults=list(self.faults), name=f"{self.rule_name}-{self.attack_name}", meta=meta, config=self.cfg,
+                   faults=list(self.faults), name=self.run_label(), meta=meta, config=logged_config(self.cfg),
                    run_id=self.run_id, violations=list(self.violations), assumption_violated=self.assumption_violated,
                    data_sizes={w: int(len(p)) for w, p in enumerate(self.data.parts)})
+
+
+def _sweep_group() -> Optional[str]:
+    """``<a>/<b>``, the last two parts of the Hydra sweep folder, in a ``-m`` job; else ``None``."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            return "/".join(Path(str(HydraConfig.get().sweep.dir)).parts[-2:])
+    except Exception:  # pragma: no cover - Hydra internals
+        pass
+    return None
 
 
 @dataclass

@@ -118,7 +118,7 @@ def test_kill_the_whole_launch_then_rerun_the_same_command_resumes(tmp_path):
     assert s["resumed_from"] in (10, 20, 30) and f"resume: found step-{s['resumed_from']:08d}" in both
     assert "resumed from step" in both and "│ resumed from" in out  # the log line and the summary row
     assert s["steps"] == 40 and s["steps_this_run"] == 40 - s["resumed_from"]
-    assert _steps(run) == list(range(1, 41)) and _steps(run, "test") == [10, 20, 30, 40]
+    assert _steps(run) == list(range(1, 41)) and _steps(run, "test") == [0, 10, 20, 30, 40]
 
 
 # --- metrics are part of the transaction ---------------------------------------------------------
@@ -128,7 +128,7 @@ def test_a_kill_right_after_a_commit_loses_no_record(tmp_path):
                    "faults=[crash]", "faults.crash.rank=0", "faults.crash.step=10", "faults.crash.where=after_commit"),
               out_dir=tmp_path, quiet=True)
     assert s["restarts"] == 1 and s["resumed_from"] == 10
-    assert _steps(tmp_path) == list(range(1, 21)) and _steps(tmp_path, "test") == [5, 10, 15, 20]
+    assert _steps(tmp_path) == list(range(1, 21)) and _steps(tmp_path, "test") == [0, 5, 10, 15, 20]
 
 
 @pytest.mark.slow
@@ -140,7 +140,7 @@ def test_rerun_after_a_kill_before_the_first_checkpoint_writes_every_step_once(t
     assert 1 in _steps(tmp_path)  # the first attempt wrote some steps before it died
     s = train(_cfg(*args), out_dir=tmp_path, quiet=True)  # the same command again (the fault fired once)
     assert s["resumed_from"] is None
-    assert _steps(tmp_path) == list(range(1, 9)) and _steps(tmp_path, "test") == [4, 8]
+    assert _steps(tmp_path) == list(range(1, 9)) and _steps(tmp_path, "test") == [0, 4, 8]
 
 
 def test_settle_metrics_cuts_back_to_the_restored_step_and_dedupes(tmp_path):

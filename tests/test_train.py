@@ -135,7 +135,7 @@ def test_backdoor_runs_log_the_attack_success_rate(attack, tmp_path):
     s = train(_cfg(*SMALL, "trainer.eval_every=1", "aggregator=mean", f"attack={attack}"),
               out_dir=tmp_path, quiet=True)
     tests = [r for r in _records(tmp_path) if r["kind"] == "test"]
-    assert len(tests) == 2 and all(0.0 <= r["test/asr"] <= 1.0 for r in tests) and s["attack"] == attack
+    assert len(tests) == 3 and all(0.0 <= r["test/asr"] <= 1.0 for r in tests) and s["attack"] == attack  # steps 0, 1, 2
 
 
 def test_four_process_gloo_run_writes_the_run_files(tmp_path):
@@ -147,12 +147,12 @@ def test_four_process_gloo_run_writes_the_run_files(tmp_path):
         assert key in s
     assert json.loads((tmp_path / "summary.json").read_text())["final_test_acc"] == s["final_test_acc"]
     recs = _records(tmp_path)
-    assert [(r["kind"], r["step"]) for r in recs] == [("train", 1), ("train", 2), ("test", 2), ("train", 3),
-                                                       ("train", 4), ("test", 4)]
+    assert [(r["kind"], r["step"]) for r in recs] == [("test", 0), ("train", 1), ("train", 2), ("test", 2),
+                                                       ("train", 3), ("train", 4), ("test", 4)]
     test = recs[-1]
     per_class = [test[f"test/acc_per_class/{c}"] for c in range(10)]
     assert test["test/worst_class_acc"] == min(per_class) and s["worst_class_acc"] == min(per_class)
-    assert s["best_test_acc"] == max(recs[2]["test/acc"], test["test/acc"])
+    assert s["best_test_acc"] == max(recs[3]["test/acc"], test["test/acc"])  # the untrained model (step 0) not counted
     weights = load_file(str(tmp_path / "model.safetensors"))
     assert sorted(weights) == ["net.0.bias", "net.0.weight", "net.2.bias", "net.2.weight"]  # model.state_dict() names
     assert (tmp_path / "config_resolved.yaml").exists()

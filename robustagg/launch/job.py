@@ -57,7 +57,8 @@ class RunSettings:
         batch_size: examples per worker per step (for :class:`~robustagg.training.Shard` data).
         seed: the run's seed (data order, worker RNG streams).
         worker_momentum: beta in ``[0, 1)`` of each worker's momentum (0 = off).
-        eval_every: evaluate every K steps (0: only at the end). param_check_every: compare
+        eval_every: evaluate every K steps, before the first step of a fresh run (step 0) and at
+            the end (0: only at the end). param_check_every: compare
             parameter and optimizer digests across ranks every K steps (0: only at the end).
         reduction: ``auto``, ``gather`` or ``sharded``. on_nonfinite: ``abort`` or ``drop``.
         metrics: per-step ``agg/*`` metrics. progress: a progress bar on rank 0.

@@ -236,7 +236,13 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         trainer: a :class:`Trainer`.
         steps: number of optimizer steps (>= 0), counted from the trainer's current step.
         evaluate: ``() -> {"test/acc": ..., ...}``, called on the main process every
-            ``eval_every`` steps (0: only at the end) and after the last step.
+            ``eval_every`` steps (0: only at the end) and after the last step; with
+            ``eval_every > 0`` also before the first step of a run that starts at step 0 (a
+            ``kind="test"`` record at step 0: the untrained model, where a learning curve starts;
+            it does not count towards ``best_test_acc``). ``evaluate`` must not change the model,
+            the optimizer or any generator the training draws from (:func:`evaluate` runs the
+            model in ``eval()`` mode under ``no_grad``), so the schedule never changes the
+            trajectory.
         sinks: receive every record (``kind="train"`` per step, ``kind="test"`` per evaluation).
         progress: show a progress bar (main process).
         param_check_every: compare digests of the parameters and optimizer state across ranks
@@ -280,15 +286,16 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         if on_record is not None:
             on_record(rec)
 
-    def run_eval() -> None:
+    def run_eval(*, initial: bool = False) -> None:
         nonlocal last_test
         if evaluate is None:
             return
         res = evaluate()
-        last_test = res
-        acc = res.get("test/acc", math.nan)
-        if math.isnan(summary.best_test_acc) or acc > summary.best_test_acc:
-            summary.best_test_acc = acc
+        if not initial:  # the untrained model is where the curve starts, not a result of the run
+            last_test = res
+            acc = res.get("test/acc", math.nan)
+            if math.isnan(summary.best_test_acc) or acc > summary.best_test_acc:
+                summary.best_test_acc = acc
         emit({"kind": "test", "step": trainer.step_id, **res})
 
     busy = [0.0]  # seconds the main rank spent logging and evaluating after the previous step
@@ -328,6 +335,8 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
     first = trainer.step_id
     end = first + steps
     beat(first)  # heartbeat for the launcher (a no-op outside spawn()): completed steps
+    if main and eval_every and first == 0 and steps > 0:
+        run_eval(initial=True)  # step 0 of the learning curve (a resumed run has it already)
     for _ in range(steps):
         out = trainer.step()
         beat(trainer.step_id)
