@@ -56,7 +56,17 @@ def test_every_number_of_the_quick_sweep_table_is_the_files(page, anchor):
     assert not wrong, f"{page}: (printed, file) {wrong}; regenerate with scripts/quick_sweep_results.py"
 
 
+#: The processor the committed file was made on (tests/platform_bits.py): the printed accuracy of a
+#: cell can differ in its last digit on another one (the make-run pins of test_protocols differ too).
+MADE_ON = ("GenuineIntel", "AVX512")
+
+
 def test_the_file_is_what_the_code_prints_now(tmp_path):
+    from platform_bits import platform
+
+    if platform() != MADE_ON:
+        pytest.skip(f"the committed quick-sweep file was made on {MADE_ON}, this is {platform()}: regenerate it "
+                    "with scripts/quick_sweep_results.py on this processor to compare")
     spec = importlib.util.spec_from_file_location("quick_sweep_results", ROOT / "scripts" / "quick_sweep_results.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 import robustagg as ra
 from experiments.train import train
 from experiments.tour import tour
+from platform_bits import platform as bits_platform
 from robustagg.distributed import GatherReduction, LocalComm
 from robustagg.distributed.comm import block_hosts
 from robustagg.errors import ShapeError
@@ -43,19 +44,6 @@ PINNED_BY_PLATFORM = {
 }
 
 
-def _platform() -> tuple[str, str]:
-    """(CPU vendor from /proc/cpuinfo, torch's CPU capability): what the pinned bits depend on."""
-    vendor = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                vendor = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return vendor, torch.backends.cpu.get_cpu_capability()
-
-
 def _cfg(*overrides):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=[*QUIET, *overrides])
@@ -63,7 +51,7 @@ def _cfg(*overrides):
 
 @pytest.mark.slow
 def test_dsgd_keeps_the_make_run_cells_bit_for_bit(tmp_path):
-    platform = _platform()
+    platform = bits_platform()
     if platform not in PINNED_BY_PLATFORM:
         pytest.skip(f"no pinned make-run cells for platform {platform}: compute them at a commit whose cells equal "
                     "a known platform's pins and add them to PINNED_BY_PLATFORM")

@@ -8,6 +8,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from experiments.train import train
+from robustagg.launch.identity import FRESH_START
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -20,7 +21,8 @@ def test_a_fresh_run_logs_its_resume_line_at_info(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         train(cfg, out_dir=tmp_path / "run", quiet=True)
         again = train(cfg, out_dir=tmp_path / "run", quiet=True)
-    fresh = [r for r in caplog.records if r.getMessage().startswith("resume: no checkpoint folder yet")]
+    # "no checkpoint folder yet" or, when the run's lock made the folder first, "no committed checkpoint in"
+    fresh = [r for r in caplog.records if r.getMessage().startswith("resume: ") and r.getMessage().endswith(FRESH_START)]
     assert [r.levelno for r in fresh] == [logging.INFO]
     found = [r for r in caplog.records if r.getMessage().startswith("resume: found step-00000001")]
     assert [r.levelno for r in found] == [logging.WARNING] and again["steps"] == 1  # a resume stays visible

@@ -40,7 +40,8 @@ __all__ = ["RunSettings", "WorkerContext", "WorkerParts", "Job", "shrink_job", "
 MAX_THREADS = 256
 #: The shortest and longest collective timeout accepted, in seconds: a group's own rendezvous takes
 #: longer than a second on a loaded machine; longer than a day is a hang by another name.
-MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 86400.0
+MIN_TIMEOUT_S = 1.0
+MAX_TIMEOUT_S = 86400.0
 
 
 @dataclass
@@ -65,8 +66,8 @@ class RunSettings:
         device: ``cpu`` or ``cuda``. backend: ``gloo`` or ``nccl``. threads: torch threads per process
             (1 .. :data:`MAX_THREADS`).
         start_method: ``fork``, ``spawn``, ``forkserver`` or ``auto`` (fork on Linux with CPU).
-        collective_timeout_s: seconds a collective waits (:data:`MIN_TIMEOUT_S` ..
-            :data:`MAX_TIMEOUT_S`). master_addr, port: rendezvous of spawned workers (port 0: a free one).
+        collective_timeout_s: seconds a collective waits (``MIN_TIMEOUT_S`` = 1 to
+            ``MAX_TIMEOUT_S`` = 86,400). master_addr, port: rendezvous of spawned workers (port 0: a free one).
         checkpoint_every: committed checkpoint every K steps and at the end (0: none).
         checkpoint_keep: committed checkpoints kept. ckpt_dir: the checkpoint folder (empty:
             ``<run_dir>/checkpoints``).

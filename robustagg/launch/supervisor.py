@@ -189,6 +189,7 @@ def launch(job: Job, *, on_ready: Optional[Callable[[Job], None]] = None, quiet:
             resume", and ``exit_code`` is 143 (SIGTERM) or 130 (SIGINT).
         RobustAggError: in simulated mode, what the step raised.
     """
+    job.settings.check()  # a bad value is refused before any lock or folder is made
     env = from_environment()
     if job.settings.mode == "processes" and env is not None:
         return run_torchrun(job, env, on_ready=on_ready, quiet=quiet) or {}
