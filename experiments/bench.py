@@ -245,12 +245,12 @@ def _fltrust(x: torch.Tensor) -> torch.Tensor:
 
 def _foolsgold(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[0]
-    cs = torch.eye(n, dtype=torch.float64) * -math.inf
+    cs = torch.zeros(n, n, dtype=torch.float64)  # the authors' cosine_similarity - I: own cosine 0
     for i, j in itertools.permutations(range(n), 2):
         cs[i, j] = float(torch.nn.functional.cosine_similarity(x[i], x[j], dim=0))  # history = x at step 1
     v = cs.max(dim=1).values
     for i, j in itertools.permutations(range(n), 2):
-        if v[j] > v[i] and v[j] > 0:
+        if v[j] > v[i]:
             cs[i, j] *= v[i] / v[j]
     alpha = (1 - cs.max(dim=1).values).clamp(0, 1)
     alpha = (alpha / alpha.max()).clamp(max=0.99)

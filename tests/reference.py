@@ -397,18 +397,22 @@ def fltrust(x, trusted) -> np.ndarray:
 
 
 def foolsgold_alpha(histories, kappa: float = 1.0) -> list[float]:
-    """Alg. 1 of Fung et al. (RAID 2020), loop by loop, on the (n, d) histories."""
+    """Alg. 1 of Fung et al. (RAID 2020) as the authors' ``foolsgold.py``, loop by loop, on the (n, d) histories.
+
+    Their ``cs = cosine_similarity(H) - I`` sets each worker's cosine with itself to 0, and that 0
+    counts in both maxima (``v_i`` and ``alpha_i``).
+    """
     h = as64(histories)
     n = h.shape[0]
-    if n == 1:
-        return [1.0]
     cs = cosine_matrix(h)
-    v = [max(cs[i][j] for j in range(n) if j != i) for i in range(n)]
+    for i in range(n):
+        cs[i][i] = 0.0
+    v = [max(cs[i]) for i in range(n)]
     for i in range(n):
         for j in range(n):
-            if i != j and v[j] > v[i] and v[j] > 0:
-                cs[i][j] *= v[i] / v[j]
-    alpha = [min(1.0, max(0.0, 1.0 - max(cs[i][j] for j in range(n) if j != i))) for i in range(n)]
+            if i != j and v[i] < v[j]:
+                cs[i][j] = cs[i][j] * v[i] / v[j]
+    alpha = [min(1.0, max(0.0, 1.0 - max(cs[i]))) for i in range(n)]
     top = max(alpha)
     if top <= 0:
         return [0.0] * n

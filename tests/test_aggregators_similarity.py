@@ -224,6 +224,82 @@ def test_foolsgold_logit_by_hand():
     assert R.foolsgold([x]) == pytest.approx(want.numpy(), abs=1e-12)
 
 
+def _logit(a: float) -> float:
+    """FoolsGold's weight for a rescaled alpha ``a`` (Fung et al.'s code): ln(a / (1 - a)) + 0.5 clipped to [0, 1]."""
+    return min(1.0, max(0.0, math.log(a / (1 - a)) + 0.5)) if a > 0 else 0.0
+
+
+def test_foolsgold_a_worker_pointing_away_keeps_weight_one_issue_reproducer():
+    # The authors' cs - I: the diagonal is 0 and counts in the maximum, so v_i >= 0. Rows
+    # r0 = (1, 0), r1 = (.8, .6), r2 = (0, 1), r3 = (-1, -1): cos 01 = .8, 02 = 0, 12 = .6, and r3 has
+    # cosine < 0 with every other row. v = (.8, .8, .6, 0). Pardoning (v_j > v_i): row 2 against rows
+    # 0 and 1 scales cs_21 to .6 * .6/.8 = .45; row 3's cosines are all scaled by 0/v_j = 0. Row
+    # maxima .8, .8, .45, 0 give alpha = (.2, .2, .55, 1); 1 -> .99 (weight 1), .2 -> ln(1/4) + .5 < 0
+    # (weight 0), .55 -> ln(11/9) + .5 = 0.7007. Output (w (0, 1) + (-1, -1)) / (w + 1).
+    x = _t([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-1.0, -1.0]])
+    w = math.log(11 / 9) + 0.5
+    alpha = ra.functional.trust.foolsgold_alpha(ra.functional.cosine.unit_gram(x)[0])
+    assert alpha.tolist() == pytest.approx([0.0, 0.0, w, 1.0], abs=1e-12)
+    assert torch.allclose(ra.FoolsGold(f=1)(x), _t([-1 / (1 + w), (w - 1) / (1 + w)]), rtol=0, atol=1e-12)
+    assert ra.FoolsGold(f=1)(x).tolist() == pytest.approx([-0.588, -0.176], abs=5e-4)  # the issue's numbers
+    assert ra.FoolsGold(f=1).weights(x).tolist() == pytest.approx([0, 0, w / (1 + w), 1 / (1 + w)], abs=1e-12)
+
+
+@pytest.mark.parametrize("rows, alpha, out", [
+    # r0 = (1, 0), r1 = (1, 1) at 45 degrees, r2 = (-1, 0) opposite r0: cos 01 = 1/sqrt2, 02 = -1,
+    # 12 = -1/sqrt2. v = (1/sqrt2, 1/sqrt2, 0): row 2's cosines are scaled by 0; rows 0 and 1 tie
+    # (no pardoning). alpha = (1 - 1/sqrt2, 1 - 1/sqrt2, 1) -> rescaled by 1 -> (.293, .293, .99):
+    # ln(.293/.707) + .5 = -0.38 -> 0, and 1. Only row 2 counts. (Reading v over j != i: v_2 = -1/sqrt2,
+    # pardoning turns cs_20 = -1 into +1 and gives row 2 weight 0 instead.)
+    ([[1.0, 0.0], [1.0, 1.0], [-1.0, 0.0]], [0.0, 0.0, 1.0], [-1.0, 0.0]),
+    # 1-D: rows 0 and 1 point the same way (cos 1: sybils), row 2 the other way. v = (1, 1, 0);
+    # alpha = (0, 0, 1) -> (0, 0, .99) -> weights (0, 0, 1). (Over j != i every alpha is 0.)
+    ([[1.0], [2.0], [-1.0]], [0.0, 0.0, 1.0], [-1.0]),
+    # Two rows opposite each other: cos = -1, v = (0, 0), alpha = (1, 1) -> .99 -> 1 each: the mean.
+    ([[3.0, 1.0], [-3.0, -1.0]], [1.0, 1.0], [0.0, 0.0]),
+    # r0 = e1, r1 = e2, r2 = -(e1 + e2): cos 01 = 0, cos 02 = cos 12 = -1/sqrt2: v = 0 for all, no
+    # pardoning, alpha = 1 for all: the mean (0, 0).
+    ([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]], [1.0, 1.0, 1.0], [0.0, 0.0]),
+    # r0 = (2, 1), r1 = (1, 2), r2 = (-1, 0), r3 = (0, -1): cos 01 = 4/5, cos 23 = 0, r2 and r3 have
+    # negative cosines with r0 and r1 (-2/sqrt5, -1/sqrt5; -1/sqrt5, -2/sqrt5). v = (.8, .8, 0, 0):
+    # rows 2 and 3 are scaled to 0 against rows 0 and 1 and have cs_23 = 0: alpha = (.2, .2, 1, 1)
+    # -> (0, 0, 1, 1): the mean of rows 2 and 3.
+    ([[2.0, 1.0], [1.0, 2.0], [-1.0, 0.0], [0.0, -1.0]], [0.0, 0.0, 1.0, 1.0], [-0.5, -0.5]),
+])
+def test_foolsgold_top_similarity_counts_the_zero_diagonal(rows, alpha, out):
+    x = _t(rows)
+    got = ra.functional.trust.foolsgold_alpha(ra.functional.cosine.unit_gram(x)[0])
+    assert got.tolist() == pytest.approx(alpha, abs=1e-12)
+    assert torch.allclose(ra.FoolsGold()(x), _t(out), rtol=0, atol=1e-12)
+    assert R.foolsgold_alpha(rows) == pytest.approx(alpha, abs=1e-12)
+
+
+def test_foolsgold_pardoning_reads_the_history_sums():
+    # Step 1 rows (1, 0), (1, 1), (0, -1); step 2 rows (0, 0), (0, 0), (-1, 1). The histories after
+    # step 2 are (1, 0), (1, 1), (-1, 0): the first case above, alpha = (0, 0, 1), so the step-2
+    # output is row 2 of step 2. (Over j != i, weights (1, 1, 0) would give (0, 0).)
+    rule = ra.FoolsGold()
+    rule(_t([[1.0, 0.0], [1.0, 1.0], [0.0, -1.0]]))
+    assert torch.allclose(rule(_t([[0.0, 0.0], [0.0, 0.0], [-1.0, 1.0]])), _t([-1.0, 1.0]), rtol=0, atol=1e-12)
+
+
+@settings(max_examples=examples(20))
+@given(n=st.integers(1, 8), d=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_foolsgold_a_history_with_no_positive_cosine_gets_weight_one(n, d, seed):
+    # From the authors' definition: cs_ij <= 0 for every j != i gives v_i = 0 (the diagonal), so
+    # every cs_ij with v_j > 0 is scaled by 0/v_j and the others stay <= 0: alpha_i = 1 - 0 = 1, the
+    # largest possible, rescaled to 1 -> .99 -> ln 99 + .5 > 1 -> weight 1, whatever the other rows.
+    rng = np.random.default_rng(seed)
+    u = rng.normal(size=d)
+    u /= np.linalg.norm(u)
+    others = rng.normal(size=(n, d))
+    others = others * np.sign(others @ u)[:, None]  # every other row has a positive product with u
+    x = torch.tensor(np.vstack([others, -rng.uniform(0.1, 10.0) * u]))
+    alpha = ra.functional.trust.foolsgold_alpha(ra.functional.cosine.unit_gram(x)[0])
+    assert float(alpha[-1]) == 1.0
+    assert float(R.foolsgold_alpha(x)[-1]) == 1.0
+
+
 @settings(max_examples=examples(10))
 @given(n=st.integers(2, 9), d=st.integers(1, 5), steps=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
 def test_foolsgold_history_over_steps_matches_reference(n, d, steps, seed):
