@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from typing import Callable, Optional
 
 import numpy as np
@@ -326,7 +327,14 @@ def _clipped_mean(x64: np.ndarray, members: list[int], tau: float) -> np.ndarray
 
 
 def signguard(x, offset: int, stride: int, lower: float = 0.1, upper: float = 3.0, quantile: float = 0.5) -> np.ndarray:
-    """Norm band around the median norm M, largest MeanShift cluster of sign fractions, clip to M, mean."""
+    """SignGuard as the authors' ``signguard_multiclass`` on the columns ``offset::stride``.
+
+    Open norm band around numpy's median norm M; sign fractions divided by each column's maximum
+    (+ 1e-8); ``MeanShift(bin_seeding=True, cluster_all=False)``, the cluster ``argmax`` of the
+    sizes over labels 0, 1, ... (unassigned rows, label -1, in none); clip to torch's median (the
+    lower middle) and average. Where their code cannot run, as the library: a bandwidth of 0 is one
+    cluster, M = 0 or no kept row gives 0.
+    """
     from sklearn.cluster import MeanShift, estimate_bandwidth
 
     x64 = as64(x)
@@ -335,18 +343,26 @@ def signguard(x, offset: int, stride: int, lower: float = 0.1, upper: float = 3.
     m = float(np.median(norms))
     if m == 0:
         return np.zeros(d)
-    s1 = {i for i in range(n) if lower <= norms[i] / m <= upper}
-    feats = []
+    s1 = {i for i in range(n) if lower * m < norms[i] < upper * m}
+    fracs = []
     for row in x64:
         cols = row[offset::stride]
         k = len(cols)
-        feats.append([sum(1 for v in cols if v > 0) / k, sum(1 for v in cols if v == 0) / k,
+        fracs.append([sum(1 for v in cols if v > 0) / k, sum(1 for v in cols if v == 0) / k,
                       sum(1 for v in cols if v < 0) / k])
-    feats = np.array(feats)
+    top = [max(f[c] for f in fracs) for c in range(3)]
+    feats = np.array([[f[c] / (top[c] + 1e-8) for c in range(3)] for f in fracs])
     bw = float(estimate_bandwidth(feats, quantile=quantile)) if n >= 2 else 0.0
-    labels = MeanShift(bandwidth=bw).fit(feats).labels_ if bw > 0 else [0] * n
-    chosen = [i for i in _largest_cluster(labels) if i in s1]
-    return _clipped_mean(x64, chosen, m) if chosen else np.zeros(d)
+    if bw > 0:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Binning data failed")
+            labels = list(MeanShift(bandwidth=bw, bin_seeding=True, cluster_all=False).fit(feats).labels_)
+    else:
+        labels = [0] * n
+    sizes = [labels.count(c) for c in range(max(labels) + 1)]
+    chosen = [i for i in range(n) if sizes and labels[i] == sizes.index(max(sizes)) and i in s1]
+    clip = sorted(norms)[(n - 1) // 2]
+    return _clipped_mean(x64, chosen, clip) if chosen else np.zeros(d)
 
 
 def clipped_clustering(x, history=()) -> np.ndarray:
