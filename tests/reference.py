@@ -21,7 +21,8 @@ import numpy as np
 __all__ = ["as64", "mean", "coordinate_median", "trimmed_mean", "meamed", "sq_dist", "dist_matrix",
            "krum_scores", "krum_index", "krum", "multi_krum", "bulyan_indices", "bulyan", "gm_objective",
            "weiszfeld", "geometric_median", "centered_clipping", "mda", "nnm", "bucketing", "clipping", "arc",
-           "variance", "kappa_hat", "cge", "monna", "top_direction", "smea", "caf", "dnc", "REFERENCES",
+           "variance", "kappa_hat", "cge", "monna", "top_direction", "exact_top_eigenvalue", "smea", "caf", "dnc",
+           "REFERENCES",
            "cosine_matrix", "cosine_distances", "row_norms", "signguard", "clipped_clustering", "flame", "fltrust",
            "foolsgold_alpha", "foolsgold"]
 
@@ -501,16 +502,47 @@ def top_direction(rows: np.ndarray, weights: Optional[np.ndarray] = None) -> tup
     return mu, float(sv[0]) ** 2, vt[0]
 
 
+def exact_top_eigenvalue(rows: np.ndarray):
+    """The covariance's top eigenvalue of ``rows`` as an exact sympy algebraic number.
+
+    Each float is its exact rational value; the eigenvalues are the real roots of the characteristic
+    polynomial of the d x d covariance, or of the k x k Gram matrix of the centred rows when k < d
+    (the same non-zero eigenvalues).
+    """
+    import sympy
+
+    k, d = rows.shape
+    xs = [[sympy.Rational(float(v)) for v in r] for r in rows]
+    mu = [sum(col) / k for col in zip(*xs)]
+    ys = [[v - m for v, m in zip(r, mu)] for r in xs]
+    if d <= k:
+        mat = sympy.Matrix(d, d, lambda a, b: sum(y[a] * y[b] for y in ys) / k)
+    else:
+        mat = sympy.Matrix(k, k, lambda i, j: sum(a * b for a, b in zip(ys[i], ys[j])) / k)
+    roots = sympy.Poly(mat.charpoly().as_expr(), sympy.Symbol("lambda")).real_roots()
+    return max(roots) if roots else sympy.Integer(0)
+
+
 def smea(x, f: int) -> np.ndarray:
-    """Mean of the n - f rows whose covariance has the smallest top eigenvalue (first subset on ties)."""
+    """Mean of the n - f rows whose covariance has the smallest top eigenvalue (first subset on exact ties).
+
+    The subsets' top eigenvalues come from numpy SVD; the subsets within 1e-6 of the rows' squared
+    spread of the smallest are compared exactly (:func:`exact_top_eigenvalue`, sympy), in
+    lexicographic order, the first kept on equality.
+    """
     x64 = as64(x)
     n = x64.shape[0]
-    best, best_val = None, math.inf
-    for subset in itertools.combinations(range(n), n - f):
-        _, lam, _ = top_direction(x64[list(subset)])
-        if lam < best_val:
-            best, best_val = subset, lam
-    assert best is not None
+    values = [(top_direction(x64[list(s)])[1], s) for s in itertools.combinations(range(n), n - f)]
+    low = min(v for v, _ in values)
+    spread = max(sq_dist(row, mean(x64)) for row in x64)
+    near = [s for v, s in values if v <= low + 1e-6 * spread]
+    best = near[0]
+    if len(near) > 1:
+        best_val = exact_top_eigenvalue(x64[list(best)])
+        for s in near[1:]:
+            val = exact_top_eigenvalue(x64[list(s)])
+            if val != best_val and bool(val < best_val):
+                best, best_val = s, val
     return mean(x64[list(best)])
 
 
