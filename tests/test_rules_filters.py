@@ -175,6 +175,40 @@ def test_caf_by_hand():
     assert w.tolist() == pytest.approx([4700 / 14398, 4802 / 14398, 4896 / 14398, 0.0], rel=1e-12, abs=1e-15)
 
 
+def _caf_iterations_tau_max_over_all_rows(x: np.ndarray, f: int) -> int:
+    """Iterates of CAF's loop when tau_max is taken over every row, zero weights included (ByzFL's reading).
+
+    Exact top eigenpairs (numpy ``eigh`` of the d x d weighted covariance); the loop runs while sum c > n - 2f.
+    """
+    n = x.shape[0]
+    c, count = np.ones(n), 0
+    while c.sum() > n - 2 * f:
+        mu = c @ x / c.sum()
+        diffs = x - mu
+        v = np.linalg.eigh((c[:, None] * diffs).T @ diffs / c.sum())[1][:, -1]
+        tau = (diffs @ v) ** 2
+        c = c * (1 - tau / tau.max())
+        count += 1
+    return count
+
+
+def test_caf_tau_max_over_positive_weights_bounds_the_loop(monkeypatch):
+    # Nine N(0, I_5) rows and one at distance s along (1, ..., 1): the far row's weight goes to 0 in
+    # the first iterate. With tau_max over every row it keeps the largest tau, each iterate scales
+    # the other weights by 1 - tau_i / tau_far ~ 1 - 1/s^2, and the loop runs ~s^2 times (the numbers
+    # in docs/conventions.md); over rows of positive weight, at most n = 10 iterates.
+    h = np.random.default_rng(0).normal(size=(9, 5))
+    calls = []
+    real = S.top_eigenpair
+    monkeypatch.setattr(S, "top_eigenpair", lambda m: calls.append(1) or real(m))
+    for s, loop in ((10, 8), (100, 892), (300, 6969)):
+        x = np.vstack([h, s * np.ones((1, 5)) / math.sqrt(5)])
+        assert _caf_iterations_tau_max_over_all_rows(x, 2) == loop
+        calls.clear()
+        assert np.allclose(ra.CAF(f=2)(torch.tensor(x)).numpy(), R.caf(x, 2), rtol=0, atol=1e-12)
+        assert 1 <= len(calls) <= 10
+
+
 def test_caf_with_f_zero_is_the_mean():
     x = torch.tensor(np.random.default_rng(1).normal(size=(7, 5)))
     assert torch.allclose(ra.CAF(f=0)(x), x.mean(0), rtol=0, atol=1e-14)
