@@ -209,13 +209,15 @@ def _signguard(x: torch.Tensor) -> torch.Tensor:
     from sklearn.cluster import MeanShift, estimate_bandwidth
 
     norms = torch.linalg.vector_norm(x, dim=1)
-    m = float(norms.median())
-    s1 = ((norms / m >= 0.1) & (norms / m <= 3.0)).numpy()
+    m = float(np.median(norms.numpy()))
+    s1 = ((norms > 0.1 * m) & (norms < 3.0 * m)).numpy()
     cols = x[:, torch.randperm(x.shape[1])[:max(1, x.shape[1] // 10)]]
     feats = torch.stack([(cols > 0).double().mean(1), (cols == 0).double().mean(1), (cols < 0).double().mean(1)], 1)
-    bw = estimate_bandwidth(feats.numpy(), quantile=0.5)
-    labels = MeanShift(bandwidth=bw).fit(feats.numpy()).labels_ if bw > 0 else np.zeros(x.shape[0], dtype=int)
-    return _clipped_mean(x, s1 & _largest(labels), m)
+    feats = (feats / (feats.max(dim=0).values + 1e-8)).numpy()
+    bw = estimate_bandwidth(feats, quantile=0.5)
+    labels = (MeanShift(bandwidth=bw, bin_seeding=True, cluster_all=False).fit(feats).labels_ if bw > 0
+              else np.zeros(x.shape[0], dtype=int))
+    return _clipped_mean(x, s1 & _largest(labels), float(norms.median()))  # torch.median: the lower middle
 
 
 def _clipped_clustering(x: torch.Tensor) -> torch.Tensor:
@@ -245,12 +247,12 @@ def _fltrust(x: torch.Tensor) -> torch.Tensor:
 
 def _foolsgold(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[0]
-    cs = torch.eye(n, dtype=torch.float64) * -math.inf
+    cs = torch.zeros(n, n, dtype=torch.float64)  # the authors' cosine_similarity - I: own cosine 0
     for i, j in itertools.permutations(range(n), 2):
         cs[i, j] = float(torch.nn.functional.cosine_similarity(x[i], x[j], dim=0))  # history = x at step 1
     v = cs.max(dim=1).values
     for i, j in itertools.permutations(range(n), 2):
-        if v[j] > v[i] and v[j] > 0:
+        if v[j] > v[i]:
             cs[i, j] *= v[i] / v[j]
     alpha = (1 - cs.max(dim=1).values).clamp(0, 1)
     alpha = (alpha / alpha.max()).clamp(max=0.99)

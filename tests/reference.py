@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from typing import Callable, Optional
 
 import numpy as np
@@ -20,7 +21,8 @@ import numpy as np
 __all__ = ["as64", "mean", "coordinate_median", "trimmed_mean", "meamed", "sq_dist", "dist_matrix",
            "krum_scores", "krum_index", "krum", "multi_krum", "bulyan_indices", "bulyan", "gm_objective",
            "weiszfeld", "geometric_median", "centered_clipping", "mda", "nnm", "bucketing", "clipping", "arc",
-           "variance", "kappa_hat", "cge", "monna", "top_direction", "smea", "caf", "dnc", "REFERENCES",
+           "variance", "kappa_hat", "cge", "monna", "top_direction", "exact_top_eigenvalue", "smea", "caf", "dnc",
+           "REFERENCES",
            "cosine_matrix", "cosine_distances", "row_norms", "signguard", "clipped_clustering", "flame", "fltrust",
            "foolsgold_alpha", "foolsgold"]
 
@@ -326,7 +328,14 @@ def _clipped_mean(x64: np.ndarray, members: list[int], tau: float) -> np.ndarray
 
 
 def signguard(x, offset: int, stride: int, lower: float = 0.1, upper: float = 3.0, quantile: float = 0.5) -> np.ndarray:
-    """Norm band around the median norm M, largest MeanShift cluster of sign fractions, clip to M, mean."""
+    """SignGuard as the authors' ``signguard_multiclass`` on the columns ``offset::stride``.
+
+    Open norm band around numpy's median norm M; sign fractions divided by each column's maximum
+    (+ 1e-8); ``MeanShift(bin_seeding=True, cluster_all=False)``, the cluster ``argmax`` of the
+    sizes over labels 0, 1, ... (unassigned rows, label -1, in none); clip to torch's median (the
+    lower middle) and average. Where their code cannot run, as the library: a bandwidth of 0 is one
+    cluster, M = 0 or no kept row gives 0.
+    """
     from sklearn.cluster import MeanShift, estimate_bandwidth
 
     x64 = as64(x)
@@ -335,18 +344,26 @@ def signguard(x, offset: int, stride: int, lower: float = 0.1, upper: float = 3.
     m = float(np.median(norms))
     if m == 0:
         return np.zeros(d)
-    s1 = {i for i in range(n) if lower <= norms[i] / m <= upper}
-    feats = []
+    s1 = {i for i in range(n) if lower * m < norms[i] < upper * m}
+    fracs = []
     for row in x64:
         cols = row[offset::stride]
         k = len(cols)
-        feats.append([sum(1 for v in cols if v > 0) / k, sum(1 for v in cols if v == 0) / k,
+        fracs.append([sum(1 for v in cols if v > 0) / k, sum(1 for v in cols if v == 0) / k,
                       sum(1 for v in cols if v < 0) / k])
-    feats = np.array(feats)
+    top = [max(f[c] for f in fracs) for c in range(3)]
+    feats = np.array([[f[c] / (top[c] + 1e-8) for c in range(3)] for f in fracs])
     bw = float(estimate_bandwidth(feats, quantile=quantile)) if n >= 2 else 0.0
-    labels = MeanShift(bandwidth=bw).fit(feats).labels_ if bw > 0 else [0] * n
-    chosen = [i for i in _largest_cluster(labels) if i in s1]
-    return _clipped_mean(x64, chosen, m) if chosen else np.zeros(d)
+    if bw > 0:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Binning data failed")
+            labels = list(MeanShift(bandwidth=bw, bin_seeding=True, cluster_all=False).fit(feats).labels_)
+    else:
+        labels = [0] * n
+    sizes = [labels.count(c) for c in range(max(labels) + 1)]
+    chosen = [i for i in range(n) if sizes and labels[i] == sizes.index(max(sizes)) and i in s1]
+    clip = sorted(norms)[(n - 1) // 2]
+    return _clipped_mean(x64, chosen, clip) if chosen else np.zeros(d)
 
 
 def clipped_clustering(x, history=()) -> np.ndarray:
@@ -397,18 +414,22 @@ def fltrust(x, trusted) -> np.ndarray:
 
 
 def foolsgold_alpha(histories, kappa: float = 1.0) -> list[float]:
-    """Alg. 1 of Fung et al. (RAID 2020), loop by loop, on the (n, d) histories."""
+    """Alg. 1 of Fung et al. (RAID 2020) as the authors' ``foolsgold.py``, loop by loop, on the (n, d) histories.
+
+    Their ``cs = cosine_similarity(H) - I`` sets each worker's cosine with itself to 0, and that 0
+    counts in both maxima (``v_i`` and ``alpha_i``).
+    """
     h = as64(histories)
     n = h.shape[0]
-    if n == 1:
-        return [1.0]
     cs = cosine_matrix(h)
-    v = [max(cs[i][j] for j in range(n) if j != i) for i in range(n)]
+    for i in range(n):
+        cs[i][i] = 0.0
+    v = [max(cs[i]) for i in range(n)]
     for i in range(n):
         for j in range(n):
-            if i != j and v[j] > v[i] and v[j] > 0:
-                cs[i][j] *= v[i] / v[j]
-    alpha = [min(1.0, max(0.0, 1.0 - max(cs[i][j] for j in range(n) if j != i))) for i in range(n)]
+            if i != j and v[i] < v[j]:
+                cs[i][j] = cs[i][j] * v[i] / v[j]
+    alpha = [min(1.0, max(0.0, 1.0 - max(cs[i]))) for i in range(n)]
     top = max(alpha)
     if top <= 0:
         return [0.0] * n
@@ -481,16 +502,47 @@ def top_direction(rows: np.ndarray, weights: Optional[np.ndarray] = None) -> tup
     return mu, float(sv[0]) ** 2, vt[0]
 
 
+def exact_top_eigenvalue(rows: np.ndarray):
+    """The covariance's top eigenvalue of ``rows`` as an exact sympy algebraic number.
+
+    Each float is its exact rational value; the eigenvalues are the real roots of the characteristic
+    polynomial of the d x d covariance, or of the k x k Gram matrix of the centred rows when k < d
+    (the same non-zero eigenvalues).
+    """
+    import sympy
+
+    k, d = rows.shape
+    xs = [[sympy.Rational(float(v)) for v in r] for r in rows]
+    mu = [sum(col) / k for col in zip(*xs)]
+    ys = [[v - m for v, m in zip(r, mu)] for r in xs]
+    if d <= k:
+        mat = sympy.Matrix(d, d, lambda a, b: sum(y[a] * y[b] for y in ys) / k)
+    else:
+        mat = sympy.Matrix(k, k, lambda i, j: sum(a * b for a, b in zip(ys[i], ys[j])) / k)
+    roots = sympy.Poly(mat.charpoly().as_expr(), sympy.Symbol("lambda")).real_roots()
+    return max(roots) if roots else sympy.Integer(0)
+
+
 def smea(x, f: int) -> np.ndarray:
-    """Mean of the n - f rows whose covariance has the smallest top eigenvalue (first subset on ties)."""
+    """Mean of the n - f rows whose covariance has the smallest top eigenvalue (first subset on exact ties).
+
+    The subsets' top eigenvalues come from numpy SVD; the subsets within 1e-6 of the rows' squared
+    spread of the smallest are compared exactly (:func:`exact_top_eigenvalue`, sympy), in
+    lexicographic order, the first kept on equality.
+    """
     x64 = as64(x)
     n = x64.shape[0]
-    best, best_val = None, math.inf
-    for subset in itertools.combinations(range(n), n - f):
-        _, lam, _ = top_direction(x64[list(subset)])
-        if lam < best_val:
-            best, best_val = subset, lam
-    assert best is not None
+    values = [(top_direction(x64[list(s)])[1], s) for s in itertools.combinations(range(n), n - f)]
+    low = min(v for v, _ in values)
+    spread = max(sq_dist(row, mean(x64)) for row in x64)
+    near = [s for v, s in values if v <= low + 1e-6 * spread]
+    best = near[0]
+    if len(near) > 1:
+        best_val = exact_top_eigenvalue(x64[list(best)])
+        for s in near[1:]:
+            val = exact_top_eigenvalue(x64[list(s)])
+            if val != best_val and bool(val < best_val):
+                best, best_val = s, val
     return mean(x64[list(best)])
 
 

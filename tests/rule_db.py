@@ -462,7 +462,11 @@ ERROR_CASES: list[ErrorCase] = [
               r"^robustagg registry already has 'krum' \(Krum\)\.$"),
     # similarity-based rules (part 2)
     ErrorCase("signguard band", lambda: ra.SignGuard(lower=2.0), ra.ConfigError,
-              r"^SignGuard: need lower <= 1 <= upper \(the median row must pass\); got lower=2\.0, upper=3\.0\.$"),
+              r"^SignGuard: need lower < 1 < upper \(the band is open and the median row must pass\); got lower=2\.0, "
+              r"upper=3\.0\.$"),
+    ErrorCase("signguard closed band", lambda: ra.SignGuard(lower=1.0), ra.ConfigError,
+              r"^SignGuard: need lower < 1 < upper \(the band is open and the median row must pass\); got lower=1\.0, "
+              r"upper=3\.0\.$"),
     ErrorCase("signguard fraction", lambda: ra.SignGuard(fraction=1.5), ra.ConfigError,
               r"^SignGuard: fraction must be in \(0, 1\]; got 1\.5\.$"),
     ErrorCase("signguard seed", lambda: ra.SignGuard(seed=-1), ra.ConfigError,

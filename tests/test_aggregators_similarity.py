@@ -45,11 +45,10 @@ def test_signguard_norm_band_by_hand():
 
 
 def test_signguard_lower_band_and_clipping_by_hand():
-    # norms 0.01 sqrt2, sqrt2, sqrt5, sqrt5: M = (sqrt2 + sqrt5) / 2; 0.01 sqrt2 / M < 0.1 drops row 3;
-    # rows 1 and 2 (norm sqrt5 > M) are scaled by M / sqrt5.
+    # norms 0.01 sqrt2, sqrt2, sqrt5, sqrt5: M = (sqrt2 + sqrt5) / 2; 0.01 sqrt2 < 0.1 M drops row 3;
+    # the clipping norm is the lower middle, sqrt2: rows 1 and 2 (norm sqrt5) are scaled by sqrt2 / sqrt5.
     x = _t([[1.0, 1.0], [1.0, 2.0], [2.0, 1.0], [0.01, 0.01]])
-    m = (S2 + S5) / 2
-    want = (x[0] + (x[1] + x[2]) * (m / S5)) / 3
+    want = (x[0] + (x[1] + x[2]) * (S2 / S5)) / 3
     assert torch.allclose(ra.SignGuard(f=1, fraction=1.0)(x), want, rtol=0, atol=1e-12)
 
 
@@ -59,6 +58,94 @@ def test_signguard_sign_cluster_drops_a_flipped_row_inside_the_band():
     out = ra.SignGuard(f=1, fraction=1.0)(x)
     assert torch.allclose(out, x[:3].mean(dim=0), rtol=0, atol=1e-12)
     assert ra.SignGuard(f=1, fraction=1.0).weights(x).tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0])
+
+
+SG_ISSUE_X = [[-1, 1, 1, -1], [1, -1, 1, 1], [1, 1, 1, 1], [-1, 1, -1, -1], [-1, -1, -1, -1], [-1, -1, -1, 1],
+              [-1, -1, 1, 1]]
+
+
+def test_signguard_meanshift_drops_a_row_far_from_every_centre_issue_reproducer():
+    # The authors' code (signguard_multiclass): sign fractions divided by each column's maximum,
+    # MeanShift(bandwidth, bin_seeding=True, cluster_all=False), the largest cluster. Every row has
+    # norm 2 and no zero entry; positive fractions p = (.5, .75, 1, .25, 0, .25, .5) with column
+    # maxima 1, so the features are (p, 0, 1 - p) on a segment, distance sqrt2 |p - p'|.
+    # estimate_bandwidth (quantile .5: each point's 3rd nearest point, itself included): .25 sqrt2
+    # for six rows, .5 sqrt2 for row 2: bw = 2 sqrt2 / 7 = 0.404. Bins round(feature / bw) give five
+    # seeds; they converge to (1/6, 0, 5/6) {3, 4, 5}, (3/8, 0, 5/8) {0, 3, 5, 6} (two seeds),
+    # (7/12, 0, 5/12) {0, 1, 6} and (7/8, 0, 1/8) {1, 2}. By decreasing intensity (4, 3, 3, 2), centres
+    # within bw of a kept one go: (3/8, 5/8) removes both 3-point centres; (7/8, 1/8) stays. Row 4 at
+    # (0, 0, 1) is 0.53 > bw from (3/8, 5/8): unassigned (-1), not clustered. Labels
+    # (0, 1, 1, 0, -1, 0, 0): rows {0, 3, 5, 6}, a quarter each (no row is clipped).
+    w = ra.SignGuard(f=2, fraction=1.0).weights(_t(SG_ISSUE_X))
+    assert w.tolist() == pytest.approx([0.25, 0, 0, 0.25, 0, 0.25, 0.25], abs=1e-15)
+
+
+def test_signguard_unassigned_row_is_in_no_cluster():
+    # d = 4, no zeros, positive counts (0, 2, 2, 3, 3, 4): column maxima 1, features (p, 0, 1 - p) at
+    # p = 0, .5, .5, .75, .75, 1 (distance sqrt2 |p - p'|). Bandwidth: the 3rd nearest point (itself
+    # included) is .5 sqrt2 away for row 0 and .25 sqrt2 for the others: bw = 1.75 sqrt2 / 6 = 0.412.
+    # Bins give four seeds. From (.41, 0, .41) and (.82, 0, .41) the shift reaches (5/8, 0, 3/8), the
+    # mean of rows 1-4 (intensity 4; row 5 is .53 away); from (.82, 0, 0) it reaches (5/6, 0, 1/6)
+    # (rows 3-5, intensity 3), within bw of (5/8, 3/8) and removed; row 0 is its own centre. Row 5
+    # is .53 > bw from (5/8, 3/8): label -1, so SignGuard keeps rows 1-4 (MeanShift's defaults,
+    # every row a seed and every row assigned, put row 5 in that cluster).
+    x = _t([[-1, -1, -1, -1], [1, 1, -1, -1], [1, -1, 1, -1], [1, 1, 1, -1], [1, 1, -1, 1], [1, 1, 1, 1]])
+    labels = ra.functional.clustering.sign_clusters(ra.functional.clustering.sign_features(x, 0, 1), 0.5)
+    assert labels.tolist() == [1, 0, 0, 0, 0, -1]
+    assert torch.allclose(ra.SignGuard(f=2, fraction=1.0)(x), _t([1.0, 0.5, 0.0, -0.5]), rtol=0, atol=1e-15)
+
+
+# d = 8: rows 0-2 have 5 positive and 3 negative entries, rows 3-4 four of each, rows 5-6 four
+# positive, one zero and three negative (norm sqrt7 < the median sqrt8: nothing is clipped).
+SG_NORM_X = [[1, 1, 1, 1, 1, -1, -1, -1], [1, 1, 1, 1, -1, 1, -1, -1], [-1, 1, 1, 1, 1, 1, -1, -1],
+             [1, 1, 1, 1, -1, -1, -1, -1], [1, -1, 1, -1, 1, -1, 1, -1],
+             [1, 1, 1, 1, 0, -1, -1, -1], [1, 1, 1, 0, 1, -1, -1, -1]]
+
+
+def test_signguard_divides_each_sign_feature_by_its_column_maximum():
+    # Fractions (5/8, 0, 3/8), (1/2, 0, 1/2), (1/2, 1/8, 3/8); column maxima 5/8, 1/8, 1/2 (+ 1e-8):
+    # features (1, 0, 3/4), (4/5, 0, 1), (4/5, 1, 3/4). The raw fractions are equidistant
+    # (sqrt2 / 8 apart): bw = 4 (sqrt2/8) / 7 separates all three groups and the largest is rows 0-2.
+    # Normalised, rows 0-2 and 3-4 are 0.320 apart and rows 5-6 about 1.02 from both: bw =
+    # (2 * 0.320 + 2 * 1.020) / 7 = 0.383. The seed in the bin of rows 0-2 shifts to their point, then
+    # to the mean of rows 0-4, (0.92, 0, 0.85), as does the seed of rows 3-4; rows 5-6 stay apart.
+    # SignGuard keeps rows 0-4.
+    x = _t(SG_NORM_X)
+    feats = ra.functional.clustering.sign_features(x, 0, 1)
+    want = [[1, 0, 0.75]] * 3 + [[0.8, 0, 1]] * 2 + [[0.8, 1, 0.75]] * 2
+    assert np.allclose(feats, want, rtol=0, atol=1e-7) and float(feats.max()) < 1.0  # the 1e-8 of the authors
+    assert ra.SignGuard(f=2, fraction=1.0).weights(x).tolist() == pytest.approx([0.2] * 5 + [0, 0], abs=1e-15)
+
+
+def test_signguard_equally_large_clusters_take_the_first_label():
+    # Rows 0-1 have 1 positive entry of 4, rows 2-3 three, row 4 none: features (1/3, 0, 3/4),
+    # (1, 0, 1/4), (0, 0, 1); bw = 0.417 / 5 (rows 0-3 have a twin) keeps three clusters. MeanShift
+    # labels its centres by intensity (2, 2, 1), equal intensities by the larger centre: (1, 0, 1/4)
+    # is label 0. The authors' argmax over the cluster sizes takes label 0: rows 2 and 3.
+    x = _t([[1, -1, -1, -1], [-1, -1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, -1, -1, -1]])
+    assert ra.SignGuard(f=2, fraction=1.0).weights(x).tolist() == pytest.approx([0, 0, 0.5, 0.5, 0], abs=1e-15)
+
+
+def test_signguard_clips_to_the_lower_middle_norm_for_even_n():
+    # Rows (1, 1) a for a = 1..5 and (-1, -1) 3.5: norms sqrt2 (1, 2, 3, 4, 5, 3.5). The band uses
+    # numpy's median (of 3 and 3.5: 3.25 sqrt2), every row is inside (0.1, 3) times it; the sign
+    # features are (1, 0, 0) for rows 0-4 and (0, 0, 1) for row 5: bw = sqrt2 / 6 (five points have a
+    # twin at 0), two bins, two centres, row 5 alone. The clipping norm is torch's median, the lower
+    # middle 3 sqrt2: rows 3 and 4 are clipped to (3, 3): (1 + 2 + 3 + 3 + 3) / 5 = 2.4.
+    x = _t([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0], [5.0, 5.0], [-3.5, -3.5]])
+    assert torch.allclose(ra.SignGuard(f=2, fraction=1.0)(x), _t([2.4, 2.4]), rtol=0, atol=1e-12)
+    # Four rows of equal signs (one cluster): norms 1..4, band median 2.5, clipping norm 2.
+    y = _t([[1.0], [2.0], [3.0], [4.0]])
+    assert ra.SignGuard(f=1, fraction=1.0)(y).item() == pytest.approx(7 / 4, abs=1e-15)  # (1 + 2 + 2 + 2) / 4
+
+
+def test_signguard_norm_band_is_open_at_both_ends():
+    # The authors keep 0.1 M < ||x_i|| < 3 M (strict). Norms 5, 5, 5, 15 (M = 5): 15 = 3 M is out;
+    # norms 50, 50, 50, 5 (M = 50): 5 = 0.1 M is out. Equal signs: one cluster.
+    w = ra.SignGuard(f=1, fraction=1.0).weights(_t([[3.0, 4.0], [3.0, 4.0], [3.0, 4.0], [9.0, 12.0]]))
+    assert w.tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0], abs=1e-15)
+    x = _t([[30.0, 40.0], [30.0, 40.0], [30.0, 40.0], [3.0, 4.0]])
+    assert torch.equal(ra.SignGuard(f=1, fraction=1.0)(x), _t([30.0, 40.0]))
 
 
 def test_signguard_column_sample_is_seeded_state():
@@ -222,6 +309,82 @@ def test_foolsgold_logit_by_hand():
     want = (w * x[0] + x[1] + w * x[2]) / (2 * w + 1)
     assert torch.allclose(ra.FoolsGold()(x), want, rtol=0, atol=1e-12)
     assert R.foolsgold([x]) == pytest.approx(want.numpy(), abs=1e-12)
+
+
+def _logit(a: float) -> float:
+    """FoolsGold's weight for a rescaled alpha ``a`` (Fung et al.'s code): ln(a / (1 - a)) + 0.5 clipped to [0, 1]."""
+    return min(1.0, max(0.0, math.log(a / (1 - a)) + 0.5)) if a > 0 else 0.0
+
+
+def test_foolsgold_a_worker_pointing_away_keeps_weight_one_issue_reproducer():
+    # The authors' cs - I: the diagonal is 0 and counts in the maximum, so v_i >= 0. Rows
+    # r0 = (1, 0), r1 = (.8, .6), r2 = (0, 1), r3 = (-1, -1): cos 01 = .8, 02 = 0, 12 = .6, and r3 has
+    # cosine < 0 with every other row. v = (.8, .8, .6, 0). Pardoning (v_j > v_i): row 2 against rows
+    # 0 and 1 scales cs_21 to .6 * .6/.8 = .45; row 3's cosines are all scaled by 0/v_j = 0. Row
+    # maxima .8, .8, .45, 0 give alpha = (.2, .2, .55, 1); 1 -> .99 (weight 1), .2 -> ln(1/4) + .5 < 0
+    # (weight 0), .55 -> ln(11/9) + .5 = 0.7007. Output (w (0, 1) + (-1, -1)) / (w + 1).
+    x = _t([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-1.0, -1.0]])
+    w = math.log(11 / 9) + 0.5
+    alpha = ra.functional.trust.foolsgold_alpha(ra.functional.cosine.unit_gram(x)[0])
+    assert alpha.tolist() == pytest.approx([0.0, 0.0, w, 1.0], abs=1e-12)
+    assert torch.allclose(ra.FoolsGold(f=1)(x), _t([-1 / (1 + w), (w - 1) / (1 + w)]), rtol=0, atol=1e-12)
+    assert ra.FoolsGold(f=1)(x).tolist() == pytest.approx([-0.588, -0.176], abs=5e-4)  # the issue's numbers
+    assert ra.FoolsGold(f=1).weights(x).tolist() == pytest.approx([0, 0, w / (1 + w), 1 / (1 + w)], abs=1e-12)
+
+
+@pytest.mark.parametrize("rows, alpha, out", [
+    # r0 = (1, 0), r1 = (1, 1) at 45 degrees, r2 = (-1, 0) opposite r0: cos 01 = 1/sqrt2, 02 = -1,
+    # 12 = -1/sqrt2. v = (1/sqrt2, 1/sqrt2, 0): row 2's cosines are scaled by 0; rows 0 and 1 tie
+    # (no pardoning). alpha = (1 - 1/sqrt2, 1 - 1/sqrt2, 1) -> rescaled by 1 -> (.293, .293, .99):
+    # ln(.293/.707) + .5 = -0.38 -> 0, and 1. Only row 2 counts. (Reading v over j != i: v_2 = -1/sqrt2,
+    # pardoning turns cs_20 = -1 into +1 and gives row 2 weight 0 instead.)
+    ([[1.0, 0.0], [1.0, 1.0], [-1.0, 0.0]], [0.0, 0.0, 1.0], [-1.0, 0.0]),
+    # 1-D: rows 0 and 1 point the same way (cos 1: sybils), row 2 the other way. v = (1, 1, 0);
+    # alpha = (0, 0, 1) -> (0, 0, .99) -> weights (0, 0, 1). (Over j != i every alpha is 0.)
+    ([[1.0], [2.0], [-1.0]], [0.0, 0.0, 1.0], [-1.0]),
+    # Two rows opposite each other: cos = -1, v = (0, 0), alpha = (1, 1) -> .99 -> 1 each: the mean.
+    ([[3.0, 1.0], [-3.0, -1.0]], [1.0, 1.0], [0.0, 0.0]),
+    # r0 = e1, r1 = e2, r2 = -(e1 + e2): cos 01 = 0, cos 02 = cos 12 = -1/sqrt2: v = 0 for all, no
+    # pardoning, alpha = 1 for all: the mean (0, 0).
+    ([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]], [1.0, 1.0, 1.0], [0.0, 0.0]),
+    # r0 = (2, 1), r1 = (1, 2), r2 = (-1, 0), r3 = (0, -1): cos 01 = 4/5, cos 23 = 0, r2 and r3 have
+    # negative cosines with r0 and r1 (-2/sqrt5, -1/sqrt5; -1/sqrt5, -2/sqrt5). v = (.8, .8, 0, 0):
+    # rows 2 and 3 are scaled to 0 against rows 0 and 1 and have cs_23 = 0: alpha = (.2, .2, 1, 1)
+    # -> (0, 0, 1, 1): the mean of rows 2 and 3.
+    ([[2.0, 1.0], [1.0, 2.0], [-1.0, 0.0], [0.0, -1.0]], [0.0, 0.0, 1.0, 1.0], [-0.5, -0.5]),
+])
+def test_foolsgold_top_similarity_counts_the_zero_diagonal(rows, alpha, out):
+    x = _t(rows)
+    got = ra.functional.trust.foolsgold_alpha(ra.functional.cosine.unit_gram(x)[0])
+    assert got.tolist() == pytest.approx(alpha, abs=1e-12)
+    assert torch.allclose(ra.FoolsGold()(x), _t(out), rtol=0, atol=1e-12)
+    assert R.foolsgold_alpha(rows) == pytest.approx(alpha, abs=1e-12)
+
+
+def test_foolsgold_pardoning_reads_the_history_sums():
+    # Step 1 rows (1, 0), (1, 1), (0, -1); step 2 rows (0, 0), (0, 0), (-1, 1). The histories after
+    # step 2 are (1, 0), (1, 1), (-1, 0): the first case above, alpha = (0, 0, 1), so the step-2
+    # output is row 2 of step 2. (Over j != i, weights (1, 1, 0) would give (0, 0).)
+    rule = ra.FoolsGold()
+    rule(_t([[1.0, 0.0], [1.0, 1.0], [0.0, -1.0]]))
+    assert torch.allclose(rule(_t([[0.0, 0.0], [0.0, 0.0], [-1.0, 1.0]])), _t([-1.0, 1.0]), rtol=0, atol=1e-12)
+
+
+@settings(max_examples=examples(20))
+@given(n=st.integers(1, 8), d=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_foolsgold_a_history_with_no_positive_cosine_gets_weight_one(n, d, seed):
+    # From the authors' definition: cs_ij <= 0 for every j != i gives v_i = 0 (the diagonal), so
+    # every cs_ij with v_j > 0 is scaled by 0/v_j and the others stay <= 0: alpha_i = 1 - 0 = 1, the
+    # largest possible, rescaled to 1 -> .99 -> ln 99 + .5 > 1 -> weight 1, whatever the other rows.
+    rng = np.random.default_rng(seed)
+    u = rng.normal(size=d)
+    u /= np.linalg.norm(u)
+    others = rng.normal(size=(n, d))
+    others = others * np.sign(others @ u)[:, None]  # every other row has a positive product with u
+    x = torch.tensor(np.vstack([others, -rng.uniform(0.1, 10.0) * u]))
+    alpha = ra.functional.trust.foolsgold_alpha(ra.functional.cosine.unit_gram(x)[0])
+    assert float(alpha[-1]) == 1.0
+    assert float(R.foolsgold_alpha(x)[-1]) == 1.0
 
 
 @settings(max_examples=examples(10))

@@ -7,7 +7,9 @@ other rule through the rule database (tests/rule_db.py); this file holds what is
 from __future__ import annotations
 
 import io
+import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -96,6 +98,64 @@ def test_smea_gram_eigenvalue_is_the_covariance_eigenvalue():
     assert lam_gram == pytest.approx(float(np.linalg.eigvalsh(cov)[-1]), rel=1e-10)
 
 
+def _exact_smea_1d(values, f: int) -> tuple[tuple[int, ...], Fraction]:
+    """SMEA in exact rational arithmetic in 1-D (the top eigenvalue is the variance): first subset, mean."""
+    best = None
+    for sub in itertools.combinations(range(len(values)), len(values) - f):
+        v = [Fraction(values[i]) for i in sub]
+        mu = sum(v) / len(v)
+        var = sum((a - mu) ** 2 for a in v) / len(v)
+        if best is None or var < best[0]:  # strict: the first subset among equal variances stays
+            best = (var, sub, mu)
+    return best[1], best[2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("values, f, want", [
+    # The issue's reproducer: {0, 1, 2} = (1, 1, 3) and {0, 1, 3} = (1, 1, -1) both have variance
+    # 8/9 (deviations -2/3, -2/3, 4/3 and their negatives); the others 8/3. The first wins: 5/3.
+    ([1.0, 1.0, 3.0, -1.0], 1, (0, 1, 2)),
+    ([5.0, 5.0, 7.0, 3.0], 1, (0, 1, 2)),           # the same shifted by 4: 17/3
+    ([0.5, 0.5, 1.5, -0.5], 1, (0, 1, 2)),          # halved: 5/6
+    ([2.0, 0.0, 0.0, -2.0], 1, (0, 1, 2)),          # (2, 0, 0) and (0, 0, -2) tie at 8/9: 2/3
+    ([3.0, -1.0, 1.0, 1.0], 1, (0, 2, 3)),          # (3, 1, 1) and (-1, 1, 1) tie at 8/9: 5/3
+    ([0.0, 1.0, 1.0, 2.0], 1, (0, 1, 2)),           # (0, 1, 1) and (1, 1, 2) tie at 2/9: 2/3
+    ([-3.0, -1.0, 1.0, 3.0, 10.0], 2, (0, 1, 2)),   # (-3, -1, 1) and (-1, 1, 3) tie at 8/3: -1
+    ([-4.0, -1.0, 0.0, 2.0, 3.0], 2, (1, 2, 3)),    # (-1, 0, 2) and (0, 2, 3) tie at 14/9: 1/3
+])
+def test_smea_exact_ties_go_to_the_first_subset(values, f, want, dtype):
+    assert _exact_smea_1d(values, f)[0] == want
+    x = torch.tensor([[v] for v in values], dtype=dtype)
+    mean = sum(values[i] for i in want) / len(want)
+    assert ra.SMEA(f=f)(x).item() == pytest.approx(mean, abs=1e-6 if dtype == torch.float32 else 1e-15)
+    w = ra.SMEA(f=f).weights(x)
+    assert torch.nonzero(w).flatten().tolist() == list(want)
+    assert R.smea(x, f).item() == pytest.approx(mean, abs=1e-6 if dtype == torch.float32 else 1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_smea_exact_tie_in_two_dimensions(dtype):
+    # The centre and the four unit vectors: dropping the centre leaves covariance diag(1/2, 1/2);
+    # dropping (1, 0) leaves x-deviations (1, 1, -3, 1)/4 (variance 3/16) and y-values 0, 1, 0, -1
+    # (variance 1/2, no covariance); likewise for every vertex. All five subsets have top eigenvalue
+    # exactly 1/2: the first, {0, 1, 2, 3}, wins, with mean (0, 1/4).
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]], dtype=dtype)
+    assert ra.SMEA(f=1)(x).tolist() == [0.0, 0.25]
+    assert R.smea(x, 1).tolist() == [0.0, 0.25]
+
+
+@pytest.mark.parametrize("dtype, step", [(torch.float64, 2.0**-51), (torch.float32, 2.0**-22)])
+def test_smea_a_difference_below_rounding_is_not_a_tie(dtype, step):
+    # (0, 0, 2 + step, -2): 2 + step is the next representable value after 2. The variance of
+    # (0, 0, 2 + step) is 2 (2 + step)^2 / 9, just above the 8/9 of (0, 0, -2) (relatively 1 + step),
+    # so {0, 1, 3} is strictly the smallest, although the first subset is {0, 1, 2}: mean -2/3.
+    values = [0.0, 0.0, 2.0 + step, -2.0]
+    assert _exact_smea_1d(values, 1)[0] == (0, 1, 3)
+    x = torch.tensor([[v] for v in values], dtype=dtype)
+    assert torch.nonzero(ra.SMEA(f=1).weights(x)).flatten().tolist() == [0, 1, 3]
+    assert R.smea(x, 1).item() == pytest.approx(-2 / 3, abs=1e-15)
+
+
 def test_smea_enumerates_beyond_one_batch(monkeypatch):
     # The best subset in a later batch must win over the first batch's best.
     monkeypatch.setattr(S, "SMEA_BATCH", 2)
@@ -113,6 +173,40 @@ def test_caf_by_hand():
     assert ra.CAF(f=1)(x).item() == pytest.approx(29188.0 / 14398.0, rel=1e-13)
     w = ra.CAF(f=1).weights(x)
     assert w.tolist() == pytest.approx([4700 / 14398, 4802 / 14398, 4896 / 14398, 0.0], rel=1e-12, abs=1e-15)
+
+
+def _caf_iterations_tau_max_over_all_rows(x: np.ndarray, f: int) -> int:
+    """Iterates of CAF's loop when tau_max is taken over every row, zero weights included (ByzFL's reading).
+
+    Exact top eigenpairs (numpy ``eigh`` of the d x d weighted covariance); the loop runs while sum c > n - 2f.
+    """
+    n = x.shape[0]
+    c, count = np.ones(n), 0
+    while c.sum() > n - 2 * f:
+        mu = c @ x / c.sum()
+        diffs = x - mu
+        v = np.linalg.eigh((c[:, None] * diffs).T @ diffs / c.sum())[1][:, -1]
+        tau = (diffs @ v) ** 2
+        c = c * (1 - tau / tau.max())
+        count += 1
+    return count
+
+
+def test_caf_tau_max_over_positive_weights_bounds_the_loop(monkeypatch):
+    # Nine N(0, I_5) rows and one at distance s along (1, ..., 1): the far row's weight goes to 0 in
+    # the first iterate. With tau_max over every row it keeps the largest tau, each iterate scales
+    # the other weights by 1 - tau_i / tau_far ~ 1 - 1/s^2, and the loop runs ~s^2 times (the numbers
+    # in docs/conventions.md); over rows of positive weight, at most n = 10 iterates.
+    h = np.random.default_rng(0).normal(size=(9, 5))
+    calls = []
+    real = S.top_eigenpair
+    monkeypatch.setattr(S, "top_eigenpair", lambda m: calls.append(1) or real(m))
+    for s, loop in ((10, 8), (100, 892), (300, 6969)):
+        x = np.vstack([h, s * np.ones((1, 5)) / math.sqrt(5)])
+        assert _caf_iterations_tau_max_over_all_rows(x, 2) == loop
+        calls.clear()
+        assert np.allclose(ra.CAF(f=2)(torch.tensor(x)).numpy(), R.caf(x, 2), rtol=0, atol=1e-12)
+        assert 1 <= len(calls) <= 10
 
 
 def test_caf_with_f_zero_is_the_mean():
@@ -276,7 +370,7 @@ def test_smea_bounds_are_lower_bounds():
         g = ra.functional.gram.robust_gram(torch.tensor(x))
         left = torch.combinations(torch.arange(9), r=3)
         kept, ind = S._kept(left, 9)
-        lb = S._smea_lower_bounds(g, ind, 6)
+        lb = S._smea_lower_bounds(g, ind, 6)[0]
         for s, bound in zip(kept.tolist(), lb.tolist()):
             assert bound <= R.top_direction(x[s])[1] * (1 + 1e-12) + 1e-300, (kind, s)
 

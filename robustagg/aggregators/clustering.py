@@ -60,21 +60,24 @@ class _Seeded(Aggregator):
 class SignGuard(_Seeded):
     r"""SignGuard: norm filter, sign-statistics clustering, clipping to the median norm.
 
-    Definition (Xu, Huang, Song, Lan, ICDCS 2022, Alg. 1, the plain variant on sign statistics):
-    with ``M`` the median row norm, keep ``S1 = {i : lower <= ||x_i||/M <= upper}``; over a random
-    sample of columns compute each row's fractions of positive, zero and negative entries and
-    cluster these ``(n, 3)`` features with MeanShift; ``S2`` = the largest cluster; output
-    ``sum_{i in S1 ∩ S2} min(1, M/||x_i||) x_i / |S1 ∩ S2|`` (zero when the set is empty).
+    Definition (Xu, Huang, Song, Lan, ICDCS 2022, Alg. 1, the plain variant on sign statistics),
+    as the authors' code (``signguard_multiclass``) specifies it: with ``M`` the median row norm,
+    keep ``S1 = {i : lower M < ||x_i|| < upper M}``; over a sample of columns compute each row's
+    fractions of positive, zero and negative entries, divide each of the three by its largest value
+    over the rows, and cluster these ``(n, 3)`` features with
+    ``MeanShift(bin_seeding=True, cluster_all=False)``; ``S2`` = the largest cluster (rows far from
+    every cluster centre belong to none); output ``sum_{i in S1 ∩ S2} min(1, C/||x_i||) x_i / |S1 ∩ S2|``
+    with ``C`` the median norm, the lower middle for even ``n`` (zero when the set is empty).
 
     Requirement: ``n >= 2f + 1`` (the honest rows must form the largest cluster). No
     (f, kappa) bound is published. Breakdown point 1/2.
 
     Args:
-        lower: lower end of the norm-ratio band ``||x_i|| / M`` (0 < lower <= 1). Default 0.1.
-        upper: upper end of the band (>= 1). Default 3.0 (both the paper's).
+        lower: lower end of the open norm band, relative to ``M`` (0 < lower < 1). Default 0.1.
+        upper: upper end of the band (> 1). Default 3.0 (both the paper's).
         fraction: share of the columns sampled for the sign statistics, in (0, 1]. Default 0.1.
         quantile: MeanShift bandwidth = ``sklearn.cluster.estimate_bandwidth(quantile=...)``, in
-            (0, 1]. Default 0.5.
+            (0, 1]. Default 0.5 (the authors').
         seed: seeds the generator when ``generator`` is None. Default 0.
         generator: a CPU ``torch.Generator`` for the column sample (its state is the rule's state).
         f: declared Byzantine bound (only checked against the requirement).
@@ -87,11 +90,20 @@ class SignGuard(_Seeded):
         ConfigError: a hyperparameter out of range.
 
     Note:
-        Column sample (ours; the paper draws "a random subset"): every ``s``-th column from a random
-        start, ``s = round(1/fraction)``, the start drawn from the generator at each call; a
-        systematic sample reads the columns as a strided view, with no index tensor. Ties between
-        equally large clusters: the cluster holding the lowest row index. Not translation
-        equivariant (signs and norms are not).
+        Followed from the authors' code, which the paper leaves open: the band is open at both
+        ends; ``M`` is ``numpy.median`` (even ``n``: the mean of the two middle norms) but the
+        clipping norm ``C`` is ``torch.median`` (the lower middle); each feature column is divided
+        by its maximum plus ``1e-8``; equally large clusters: the lowest MeanShift label (most
+        points within the bandwidth of its centre). Ours: the column sample is every ``s``-th
+        column from a random start, ``s = round(1/fraction)``, the start drawn from the generator
+        at each call (the authors take ``int(0.1 d)`` consecutive columns from a random start; a
+        systematic sample reads the columns as a strided view, with no index tensor and every
+        column equally likely); the bandwidth is estimated on every row (the authors pass
+        ``n_samples=50``: the same rows up to their order when ``n <= 50``, a subsample that
+        depends on the row order above); a bandwidth of 0 (``n <= 3``, or identical features),
+        which scikit-learn refuses, gives one cluster; NaN rows are refused (the authors set NaN
+        entries to 0); ``M = 0`` gives zero (the authors' band is empty and their mean NaN). Not
+        translation equivariant (signs and norms are not).
 
     Example:
         >>> import torch, robustagg as ra
@@ -110,9 +122,9 @@ class SignGuard(_Seeded):
         super().__init__(f=f, strict=strict)
         self.lower = positive_float(lower, "lower", "SignGuard")
         self.upper = positive_float(upper, "upper", "SignGuard")
-        if not self.lower <= 1.0 <= self.upper:
-            raise ConfigError(f"SignGuard: need lower <= 1 <= upper (the median row must pass); got lower={lower!r}, "
-                              f"upper={upper!r}.")
+        if not self.lower < 1.0 < self.upper:
+            raise ConfigError(f"SignGuard: need lower < 1 < upper (the band is open and the median row must pass); "
+                              f"got lower={lower!r}, upper={upper!r}.")
         for name, v in (("fraction", fraction), ("quantile", quantile)):
             if positive_float(v, name, "SignGuard") > 1.0:
                 raise ConfigError(f"SignGuard: {name} must be in (0, 1]; got {v!r}.")

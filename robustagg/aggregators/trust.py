@@ -160,8 +160,12 @@ class FoolsGold(Aggregator):
         The paper sums ``alpha_i x_i``; here the sum is divided by ``sum_i alpha_i``, a weighted mean,
         so that the step size does not grow with the number of trusted workers. The paper's
         optional feature-importance weighting of the output layer is not applied (the rule sees a
-        flat vector). Pardoning only divides by positive ``v_j``. Not translation equivariant,
-        not unanimous (identical rows are all taken for sybils: zero update).
+        flat vector). A worker's top similarity ``v_i`` counts its own cosine as 0, as the authors'
+        code does (``cs = cosine_similarity(H) - I``), so ``v_i >= 0`` and a worker whose history
+        points away from every other keeps weight 1; a maximum over the other workers only makes
+        ``v_i`` negative, and pardoning by ``v_i / v_j < 0`` then turns that worker's negative
+        similarities positive and its weight to 0. Not translation equivariant, not unanimous
+        (identical rows are all taken for sybils: zero update).
 
     Example:
         >>> import torch, robustagg as ra

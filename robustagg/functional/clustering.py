@@ -14,30 +14,40 @@ The ``*_coefficients`` functions return the float64 ``(n,)`` coefficients ``a`` 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
 
 from .cosine import clip_factors, combine, cosine_distance_from_gram, median, norms_from_gram, unit_gram
 
-__all__ = ["sign_features", "signguard_coefficients", "signguard", "majority_cluster",
-           "clipped_clustering_coefficients", "clipped_clustering", "flame_coefficients", "flame"]
+__all__ = ["SIGN_FEATURE_EPS", "sign_features", "sign_clusters", "first_largest_label", "signguard_coefficients",
+           "signguard", "majority_cluster", "clipped_clustering_coefficients", "clipped_clustering",
+           "flame_coefficients", "flame"]
 
 
 # --- SignGuard ------------------------------------------------------------------------------------
+#: Added to each sign-feature column's maximum before the division, as in the authors' code (a
+#: column of zeros, e.g. no row with a zero entry, stays 0 instead of 0/0).
+SIGN_FEATURE_EPS = 1e-8
+
+
 def sign_features(x: torch.Tensor, offset: int, stride: int) -> np.ndarray:
-    """Fractions of positive, zero and negative entries of every row over columns ``offset::stride``.
+    """SignGuard's sign features of every row over the columns ``offset::stride``.
+
+    The fractions of positive, zero and negative entries, each of the three columns divided by its
+    maximum over the rows plus :data:`SIGN_FEATURE_EPS` (Xu et al.'s code, ``signguard_multiclass``).
+    Counts are exact, so the features are identical bit for bit wherever they are computed.
 
     Returns:
-        ``(n, 3)`` float64 array; each row sums to 1. Counts are exact, so the features are
-        identical bit for bit wherever they are computed.
+        ``(n, 3)`` float64 array in [0, 1).
     """
     cols = x[:, offset::stride]
     k = cols.shape[1]
     pos = (cols > 0).sum(dim=1).double()
     neg = (cols < 0).sum(dim=1).double()
-    feats = torch.stack([pos, k - pos - neg, neg], dim=1) / k
-    return feats.cpu().numpy()
+    frac = torch.stack([pos, k - pos - neg, neg], dim=1) / k
+    return (frac / (frac.max(dim=0).values + SIGN_FEATURE_EPS)).cpu().numpy()
 
 
 def _largest_cluster(labels: np.ndarray, dist: np.ndarray | None = None) -> np.ndarray:
@@ -58,26 +68,55 @@ def _largest_cluster(labels: np.ndarray, dist: np.ndarray | None = None) -> np.n
     return labels == min(ids, key=key)
 
 
-def _meanshift_labels(feats: np.ndarray, quantile: float) -> np.ndarray:
+def sign_clusters(feats: np.ndarray, quantile: float) -> np.ndarray:
+    """SignGuard's MeanShift labels of the sign features (``-1``: a row near no cluster centre).
+
+    ``MeanShift(bandwidth=estimate_bandwidth(feats, quantile), bin_seeding=True, cluster_all=False)``
+    as in the authors' code; scikit-learn numbers the clusters by decreasing intensity (points
+    within the bandwidth of the centre, then the larger centre). Fewer than 2 rows, or a bandwidth
+    of 0 (too few distinct features for the quantile, e.g. ``n <= 3`` or identical features, where
+    scikit-learn refuses the bandwidth): one cluster.
+
+    Returns:
+        ``(n,)`` int64 labels.
+    """
     from sklearn.cluster import MeanShift, estimate_bandwidth  # type: ignore[import-untyped]  # lazy: slow to import
 
     if feats.shape[0] < 2:
         return np.zeros(feats.shape[0], dtype=np.int64)
     bandwidth = float(estimate_bandwidth(feats, quantile=quantile))
-    if not bandwidth > 0:  # every point within rounding of one value: one cluster
+    if not bandwidth > 0:
         return np.zeros(feats.shape[0], dtype=np.int64)
-    return MeanShift(bandwidth=bandwidth).fit(feats).labels_
+    with warnings.catch_warnings():  # every row in its own bin: scikit-learn warns and seeds from the rows
+        warnings.filterwarnings("ignore", message="Binning data failed", category=UserWarning)
+        ms = MeanShift(bandwidth=bandwidth, bin_seeding=True, cluster_all=False).fit(feats)
+    return np.asarray(ms.labels_, dtype=np.int64)
+
+
+def first_largest_label(labels: np.ndarray) -> np.ndarray:
+    """Mask of the rows of the largest cluster (labels >= 0); equally large: the lowest label (``argmax``).
+
+    All labels -1: no row.
+    """
+    ids = labels[labels >= 0]
+    if ids.size == 0:
+        return np.zeros(labels.shape[0], dtype=bool)
+    return labels == int(np.argmax(np.bincount(ids)))
 
 
 def signguard_coefficients(x: torch.Tensor, offset: int, stride: int, lower: float = 0.1, upper: float = 3.0,
                            quantile: float = 0.5) -> torch.Tensor:
     """SignGuard's coefficients (Xu, Huang, Song, Lan, ICDCS 2022, Alg. 1, plain sign statistics).
 
-    1. Norm filter: ``S1 = {i : lower <= ||x_i|| / M <= upper}``, ``M`` the median norm.
-    2. Sign clustering: features :func:`sign_features` over the sampled columns, MeanShift with
-       bandwidth ``estimate_bandwidth(quantile)``; ``S2`` = the largest cluster.
-    3. ``S = S1 ∩ S2``; ``a_i = min(1, M / ||x_i||) / |S|`` on ``S``, 0 elsewhere (all 0 if ``S``
-       is empty or ``M = 0``).
+    As the authors' code (``signguard_multiclass``):
+
+    1. Norm filter: ``S1 = {i : lower M < ||x_i|| < upper M}`` (open), ``M`` the median norm (even
+       ``n``: the mean of the two middle norms, ``numpy.median``).
+    2. Sign clustering: :func:`sign_features` over the sampled columns, :func:`sign_clusters`;
+       ``S2`` = the largest cluster, the lowest label on ties (:func:`first_largest_label`); rows
+       MeanShift leaves unassigned are in no cluster.
+    3. ``S = S1 ∩ S2``; ``a_i = min(1, C / ||x_i||) / |S|`` on ``S``, 0 elsewhere, ``C`` the lower
+       middle norm (``torch.median``; ``C = M`` for odd ``n``). All 0 if ``S`` is empty or ``M = 0``.
 
     Args:
         x: ``(n, d)`` finite rows; offset, stride: the sampled columns ``offset::stride``.
@@ -92,19 +131,18 @@ def signguard_coefficients(x: torch.Tensor, offset: int, stride: int, lower: flo
     a = torch.zeros(n, dtype=torch.float64, device=g.device)
     if not m > 0:
         return a
-    ratio = norms / m
-    s1 = ((ratio >= lower) & (ratio <= upper)).cpu().numpy()
-    s2 = _largest_cluster(_meanshift_labels(sign_features(x, offset, stride), quantile))
+    s1 = ((norms > lower * m) & (norms < upper * m)).cpu().numpy()
+    s2 = first_largest_label(sign_clusters(sign_features(x, offset, stride), quantile))
     keep = torch.from_numpy(s1 & s2).to(g.device)
     if not bool(keep.any()):
         return a
-    a[keep] = clip_factors(norms[keep], m) / int(keep.sum())
+    a[keep] = clip_factors(norms[keep], median(norms, lower=True)) / int(keep.sum())
     return a
 
 
 def signguard(x: torch.Tensor, offset: int, stride: int, lower: float = 0.1, upper: float = 3.0,
               quantile: float = 0.5) -> torch.Tensor:
-    """SignGuard aggregate ``sum_{i in S} min(1, M/||x_i||) x_i / |S|``; see :func:`signguard_coefficients`."""
+    """SignGuard aggregate ``sum_{i in S} min(1, C/||x_i||) x_i / |S|``; see :func:`signguard_coefficients`."""
     return combine(x, signguard_coefficients(x, offset, stride, lower, upper, quantile))
 
 

@@ -78,11 +78,17 @@ def cosine_distance_from_gram(g: torch.Tensor) -> torch.Tensor:
     return dist.clamp_(min=0.0)
 
 
-def median(v: torch.Tensor) -> float:
-    """Median of a 1-D float64 tensor (even length: mean of the two middle values, as ``numpy.median``)."""
+def median(v: torch.Tensor, *, lower: bool = False) -> float:
+    """Median of a 1-D float64 tensor.
+
+    Even length: the mean of the two middle values, as ``numpy.median``, or with ``lower=True`` the
+    lower of the two, as ``torch.median``.
+    """
     s = torch.sort(v).values
     m = s.numel()
-    return float(s[m // 2]) if m % 2 else float((s[m // 2 - 1] + s[m // 2]) / 2)
+    if m % 2 or lower:
+        return float(s[(m - 1) // 2])
+    return float((s[m // 2 - 1] + s[m // 2]) / 2)
 
 
 def clip_factors(norms: torch.Tensor, tau: float) -> torch.Tensor:

@@ -32,7 +32,7 @@ from .gram import gram_to_sq_dist, robust_gram
 
 __all__ = ["robust_center_row", "pairwise_sq_distances", "krum_scores", "krum",
            "multi_krum", "bulyan_select", "bulyan", "nnm", "nnm_weights", "mda", "mda_select",
-           "centered_gram_reference", "pairwise_sq_distances_reference", "mean_of_rows"]
+           "centered_gram_reference", "pairwise_sq_distances_reference", "mean_of_rows", "first_copies"]
 
 #: Columns per chunk when casting to float64 for the Gram accumulation.
 _GRAM_CHUNK_ELEMENTS = 1 << 20
@@ -118,13 +118,12 @@ def _fix_overflow(x: torch.Tensor, dist: torch.Tensor) -> None:
             dist[i, j] = dist[j, i] = torch.nan_to_num(val, nan=math.inf)
 
 
-def _tie_exact_duplicates(x: torch.Tensor, dist: torch.Tensor, sq_norms: torch.Tensor) -> None:
-    """Give bitwise-equal rows distance 0 and the distances of their first copy (exact ties, in place).
+def first_copies(x: torch.Tensor, dist: torch.Tensor, sq_norms: torch.Tensor) -> list[int]:
+    """For each row, the lowest index of a bitwise-equal row (itself when it has no earlier copy).
 
-    Rounding in the Gram identity can differ between two copies of a row; tie-breaks by lowest index
-    (Krum, Bulyan, NNM) need the copies to tie exactly. Candidates are pairs whose distance is
-    within the Gram identity's rounding of zero (``1e-9 (G_ii + G_jj)``, ``sq_norms`` the Gram
-    diagonal), confirmed with ``torch.equal``; a far outlier adds no candidates.
+    Candidates are pairs whose squared distance ``dist`` (from the Gram identity) is within its
+    rounding of zero (``1e-9 (G_ii + G_jj)``, ``sq_norms`` the Gram diagonal), confirmed with
+    ``torch.equal``; a far outlier adds no candidates.
     """
     n = dist.shape[0]
     scale = torch.nan_to_num(sq_norms.to(dist.dtype), nan=math.inf, posinf=math.inf)
@@ -133,6 +132,17 @@ def _tie_exact_duplicates(x: torch.Tensor, dist: torch.Tensor, sq_norms: torch.T
     for i, j in near.nonzero().tolist():
         if first[i] == i and first[j] == j and torch.equal(x[i, :256], x[j, :256]) and torch.equal(x[i], x[j]):
             first[j] = i
+    return first
+
+
+def _tie_exact_duplicates(x: torch.Tensor, dist: torch.Tensor, sq_norms: torch.Tensor) -> None:
+    """Give bitwise-equal rows distance 0 and the distances of their first copy (exact ties, in place).
+
+    Rounding in the Gram identity can differ between two copies of a row; tie-breaks by lowest index
+    (Krum, Bulyan, NNM) need the copies to tie exactly (copies found by :func:`first_copies`).
+    """
+    n = dist.shape[0]
+    first = first_copies(x, dist, sq_norms)
     copies = [j for j in range(n) if first[j] != j]
     if copies:
         rep = torch.tensor(first, device=dist.device)

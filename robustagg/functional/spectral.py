@@ -21,11 +21,13 @@ eigenvalue).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 
-from .distance import mean_of_rows
-from .gram import gram, robust_gram
+from . import exact as E
+from .distance import first_copies, mean_of_rows
+from .gram import gram, gram_to_sq_dist, robust_gram
 
 __all__ = ["top_eigenpair", "smea_select", "smea", "caf_weights", "caf", "dnc_coordinates", "dnc_scores",
            "dnc_select", "dnc", "rank_with_ties"]
@@ -37,6 +39,11 @@ DNC_TIE_RTOL = 1e-9
 CAF_ZERO = 1e-9
 #: Subsets per batched eigenvalue call of SMEA.
 SMEA_BATCH = 256
+#: SMEA: a subset's float64 top eigenvalue is within this fraction of the largest squared row norm
+#: of the subset (about the Gram matrix's centre) of the exact value; subsets within these slacks of
+#: the best are compared in exact arithmetic. Rounding of a float64 Gram matrix over d columns is
+#: at most about d 2^-53 of it (1e-9 at d = 10^7), of the eigenvalue problem 1e-14.
+SMEA_TIE_RTOL = 1e-8
 
 
 def top_eigenpair(m: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -64,12 +71,13 @@ def _kept(left: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return mask.nonzero()[:, 1].view(left.shape[0], -1), mask.to(torch.float64)
 
 
-def _smea_lower_bounds(g: torch.Tensor, ind: torch.Tensor, k: int) -> torch.Tensor:
-    """Lower bounds on ``lambda_max(Sigma_S)`` for the subsets with indicators ``ind`` ``(c, n)``.
+def _smea_lower_bounds(g: torch.Tensor, ind: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lower bounds on ``lambda_max(Sigma_S)`` and tie slacks of the subsets with indicators ``ind`` ``(c, n)``.
 
     With ``K = H G_SS H`` (``Sigma_S = K / k``): ``lambda_max >= tr(K) / (k (k - 1))`` (at most
     ``k - 1`` non-zero eigenvalues) and ``lambda_max >= max_{i in S} K_ii / k`` (``Sigma_S`` dominates
-    each ``(x_i - mu_S)(x_i - mu_S)^T / k``). Both from ``ind @ G`` in ``O(c n^2)``, no gather.
+    each ``(x_i - mu_S)(x_i - mu_S)^T / k``). The slack is :data:`SMEA_TIE_RTOL` ``max_{i in S} G_ii``.
+    All from ``ind @ G`` in ``O(c n^2)``, no gather.
     """
     diag = torch.diagonal(g)
     wg = ind @ g
@@ -79,23 +87,63 @@ def _smea_lower_bounds(g: torch.Tensor, ind: torch.Tensor, k: int) -> torch.Tens
     lb = torch.where(ind > 0, kii, 0.0).max(dim=1).values / k  # where, not a product: 0 * inf is NaN
     if k > 1:
         lb = torch.maximum(lb, trace / (k * (k - 1)))
-    return lb * (1.0 - 1e-9)  # a margin for rounding: a bound must never exceed the exact value
+    slack = SMEA_TIE_RTOL * torch.where(ind > 0, diag, 0.0).max(dim=1).values
+    return lb * (1.0 - 1e-9), slack  # a margin for rounding: a bound must never exceed the exact value
 
 
-def smea_select(g: torch.Tensor, f: int) -> torch.Tensor:
+def _smea_exact_first(cands: list[tuple[tuple[int, ...], float, float]], g: torch.Tensor,
+                      x: torch.Tensor | None) -> tuple[int, ...]:
+    """The first subset of ``cands`` whose covariance has the smallest top eigenvalue, in exact arithmetic.
+
+    ``cands``: ``(subset, lo, hi)`` in increasing subset order, ``(lo, hi)`` an interval holding the
+    subset's top eigenvalue (its float64 value minus and plus the slack). Subsets that hold the same
+    rows up to bitwise-equal copies (``x`` given) tie without arithmetic: only the first of each
+    such class is compared, by :mod:`~robustagg.functional.exact` on ``x``'s values (without ``x``:
+    on ``g``'s, taken as exact).
+    """
+    if x is not None:
+        first = first_copies(x, gram_to_sq_dist(g), torch.diagonal(g))
+        classes: dict[tuple[int, ...], tuple[tuple[int, ...], float, float]] = {}
+        for c in cands:
+            classes.setdefault(tuple(sorted(first[i] for i in c[0])), c)
+        cands = sorted(classes.values())
+    if len(cands) == 1:
+        return cands[0][0]
+    rows = sorted({i for c, _, _ in cands for i in c})
+    pos = {r: p for p, r in enumerate(rows)}
+    exact, e = E.exact_gram(x[rows]) if x is not None else E.exact_matrix(g[rows][:, rows])
+    k = len(cands[0][0])
+    scale = Fraction(k ** 3) / Fraction(2) ** e  # eigenvalues of centred_block = scale * those of Sigma_S
+    polys = [E.charpoly(E.centred_block(exact, tuple(pos[i] for i in c))) for c, _, _ in cands]
+    guesses = [(Fraction(lo) * scale, Fraction(hi) * scale) for _, lo, hi in cands]
+    best = 0
+    for j in range(1, len(cands)):
+        if E.compare_top_roots(polys[j], polys[best], guesses[j], guesses[best]) < 0:  # the first stays on ties
+            best = j
+    return cands[best][0]
+
+
+def smea_select(g: torch.Tensor, f: int, x: torch.Tensor | None = None) -> torch.Tensor:
     """Indices of the ``n - f`` rows whose covariance has the smallest largest eigenvalue (SMEA's subset).
 
     For a subset S of ``k = n - f`` rows, ``lambda_max(Sigma_S)`` with
     ``Sigma_S = (1/k) sum_{i in S} (x_i - mu_S)(x_i - mu_S)^T`` is the largest eigenvalue of
     ``(1/k) H G_SS H`` (``H = I - 11^T / k``, the centring, applied elementwise). Exact search with
     pruning: every subset gets a cheap lower bound (:func:`_smea_lower_bounds`); subsets are
-    evaluated (batched ``eigvalsh``, :data:`SMEA_BATCH` at a time) in increasing order of that bound
-    until the next bound exceeds the best value found. Among subsets with the same smallest value
-    the lexicographically first wins.
+    evaluated (batched ``eigvalsh``, :data:`SMEA_BATCH` at a time) in increasing order of that
+    bound until it rules out every remaining subset.
+
+    Among subsets with the same smallest value the lexicographically first wins, decided in exact
+    arithmetic: a float64 value is within the slack :data:`SMEA_TIE_RTOL` ``max_{i in S} G_ii`` of
+    the exact one (the rounding of the Gram matrix and of ``eigvalsh`` is far smaller), so every
+    subset within the slacks of the best is compared exactly (:mod:`~robustagg.functional.exact`):
+    exact ties go to the first, and a difference below rounding is still ordered right.
 
     Args:
         g: ``(n, n)`` float64 Gram matrix of the rows (any centre).
         f: number of rows left out, ``0 <= f < n``.
+        x: the ``(n, d)`` rows ``g`` was computed from; near ties are decided on their exact
+            values (without it, on ``g``'s float64 values taken as exact).
 
     Returns:
         ``(n - f,)`` long tensor of row indices, increasing (CPU).
@@ -106,38 +154,37 @@ def smea_select(g: torch.Tensor, f: int) -> torch.Tensor:
     if f == 0:
         return torch.arange(n)
     left = torch.combinations(torch.arange(n), r=f)
-    lb = torch.cat([_smea_lower_bounds(g, _kept(left[i:i + 16384], n)[1], k)
-                    for i in range(0, left.shape[0], 16384)])
-    order = torch.sort(lb, stable=True).indices
-    best: tuple[int, ...] = tuple(range(k))
-    best_val = math.inf
+    parts = [_smea_lower_bounds(g, _kept(left[i:i + 16384], n)[1], k) for i in range(0, left.shape[0], 16384)]
+    lb, slack = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    floor = lb - slack  # no subset's float64 value minus its slack is below this
+    order = torch.sort(floor, stable=True).indices
+    upper = math.inf  # the smallest value plus its slack so far: the exact best is at most this
+    near: list[tuple[tuple[int, ...], float, float]] = []  # (subset, value - slack, value + slack)
     for start in range(0, order.numel(), SMEA_BATCH):
         chunk = order[start:start + SMEA_BATCH]
-        if float(lb[chunk[0]]) > best_val:
-            break  # every remaining subset's bound exceeds the best value: none can beat or tie it
+        if float(floor[chunk[0]]) > upper:
+            break  # every remaining subset is above the best by more than the slacks
         kept, _ = _kept(left[chunk], n)
         sub = g[kept[:, :, None], kept[:, None, :]]
         row = sub.mean(dim=2, keepdim=True)
         sub = (sub - row - row.transpose(1, 2) + sub.mean(dim=(1, 2), keepdim=True)) / k
         lam = torch.linalg.eigvalsh((sub + sub.transpose(1, 2)) * 0.5)[:, -1]
-        j = int(torch.argmin(lam))
-        val = float(lam[j])
-        if val <= best_val:
-            ties = [tuple(r) for r in kept[lam == val].tolist()]
-            cand = min(ties)
-            best = cand if val < best_val else min(best, cand)
-            best_val = val
-    return torch.tensor(best, dtype=torch.long)
+        hi = lam + slack[chunk]
+        upper = min(upper, float(hi.min()))
+        near += [(tuple(r), a, b) for r, a, b in zip(kept.tolist(), (lam - slack[chunk]).tolist(), hi.tolist())
+                 if a <= upper]
+    cands = sorted(c for c in near if c[1] <= upper)
+    return torch.tensor(cands[0][0] if len(cands) == 1 else _smea_exact_first(cands, g, x), dtype=torch.long)
 
 
 def smea(x: torch.Tensor, f: int) -> torch.Tensor:
     """Smallest Maximum Eigenvalue Averaging (Allouah et al., ICML 2023): ``(n, d) -> (d,)``.
 
-    The mean of the ``n - f`` rows chosen by :func:`smea_select`. Cost: one Gram pass, ``C(n, f)``
-    lower bounds, and small eigenvalue problems of size ``n - f`` for the subsets the bounds do
-    not rule out (all of them in the worst case).
+    The mean of the ``n - f`` rows chosen by :func:`smea_select` (near ties decided on ``x``'s exact
+    values). Cost: one Gram pass, ``C(n, f)`` lower bounds, and small eigenvalue problems of size
+    ``n - f`` for the subsets the bounds do not rule out (all of them in the worst case).
     """
-    return mean_of_rows(x, smea_select(robust_gram(x), f))
+    return mean_of_rows(x, smea_select(robust_gram(x), f, x))
 
 
 # --- CAF -------------------------------------------------------------------------------------------------

@@ -54,11 +54,14 @@ def fltrust(x: torch.Tensor, trusted: torch.Tensor) -> torch.Tensor:
 def foolsgold_alpha(g: torch.Tensor, kappa: float = 1.0) -> torch.Tensor:
     """FoolsGold's learning rates from the Gram matrix of the histories (Fung, Yoon, Beschastnikh, RAID 2020, Alg. 1).
 
-    ``cs_ij = cos(H_i, H_j)`` (``i != j``); ``v_i = max_j cs_ij``; pardoning: ``cs_ij *= v_i / v_j``
-    where ``v_j > v_i`` and ``v_j > 0``; ``alpha_i = 1 - max_j cs_ij`` clipped to [0, 1]; ``alpha /= max alpha``;
-    ``alpha = 1`` becomes 0.99; ``alpha_i = kappa (ln(alpha_i / (1 - alpha_i)) + 0.5)`` clipped to
-    [0, 1]. One row: ``alpha = 1``. Every ``alpha = 0`` before the rescaling (each history has a
-    perfect twin): all 0.
+    As the authors' code (``foolsgold.py``: ``cs = cosine_similarity(H) - I``): ``cs_ij = cos(H_i, H_j)``
+    for ``i != j`` and ``cs_ii = 0``; ``v_i = max_j cs_ij``, the diagonal included, so ``v_i >= 0``;
+    pardoning: ``cs_ij *= v_i / v_j`` where ``v_j > v_i``; ``alpha_i = 1 - max_j cs_ij`` (diagonal
+    included) clipped to [0, 1]; ``alpha /= max alpha``; ``alpha = 1`` becomes 0.99;
+    ``alpha_i = kappa (ln(alpha_i / (1 - alpha_i)) + 0.5)`` clipped to [0, 1]. A history with no
+    positive cosine has ``v_i = 0``: pardoning scales its cosines by 0 and it keeps weight 1 (the
+    least sybil-like worker). Every ``alpha = 0`` before the rescaling (each history has a perfect
+    twin): all 0 (the authors' code divides 0 by 0).
 
     Args:
         g: ``(n, n)`` float64 Gram matrix of the histories.
@@ -67,15 +70,10 @@ def foolsgold_alpha(g: torch.Tensor, kappa: float = 1.0) -> torch.Tensor:
     Returns:
         ``(n,)`` float64 in [0, 1].
     """
-    n = g.shape[0]
-    if n == 1:
-        return torch.ones(1, dtype=torch.float64, device=g.device)
-    cs = cosine_from_gram(g)
-    off = ~torch.eye(n, dtype=torch.bool, device=g.device)
-    cs = torch.where(off, cs, torch.full_like(cs, -torch.inf))
+    cs = cosine_from_gram(g).fill_diagonal_(0.0)
     v = cs.max(dim=1).values
-    pardon = (v[None, :] > v[:, None]) & (v[None, :] > 0)  # (i, j): v_j > v_i (and v_j > 0: no division by 0)
-    cs = torch.where(pardon & off, cs * (v[:, None] / torch.where(pardon, v[None, :], torch.ones_like(cs))), cs)
+    pardon = v[None, :] > v[:, None]  # (i, j): v_j > v_i >= 0, so v_j > 0
+    cs = torch.where(pardon, cs * (v[:, None] / torch.where(pardon, v[None, :], torch.ones_like(cs))), cs)
     alpha = (1.0 - cs.max(dim=1).values).clamp(0.0, 1.0)
     top = float(alpha.max())
     if not top > 0:
