@@ -71,5 +71,5 @@ def test_built_site_renders_math_offline_scrolls_tables_and_links_figures(site: 
     css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
     assert "overflow-x: auto" in css and "white-space: nowrap" in css
     assert "stylesheets/extra.css" in assumptions
-    experiments = (site / "experiments" / "index.html").read_text(encoding="utf-8")
-    assert 'class="figure-full" href="../img/experiments/accuracy_heatmap.png"' in experiments
+    results = (site / "results" / "index.html").read_text(encoding="utf-8")
+    assert 'class="figure-full" href="fmnist_benchmark/worst_case_heatmap.png"' in results
