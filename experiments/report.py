@@ -48,7 +48,7 @@ from .report_load import SweepData, load_sweep, write_atomic
 from .report_style import FIGURE_FORMATS
 from .report_tables import (RULE_ORDER, SCORED, Report, across_settings, add_derived, availability_table,
                             backdoor_table, order, pivot, slug, to_markdown, tradeoff)
-from .report_worstcase import worst_case, worst_case_heatmap
+from .report_worstcase import setting_order, worst_case, worst_case_heatmap
 
 __all__ = ["Report", "build_report", "redraw", "write_text", "write_csv", "main"]
 
@@ -227,7 +227,7 @@ def build_report(root: str | os.PathLike[str], out_dir: Optional[str | os.PathLi
         worst = worst_case(results)
         files.append(write_csv(out / "worst_case.csv", worst))
         if (worst["attacks"] > 0).any():
-            files.append(save_figure(worst_case_heatmap(worst, settings, RULE_ORDER), out / f"worst_case_heatmap.{fmt}"))
+            files.append(save_figure(worst_case_heatmap(worst, setting_order(worst), RULE_ORDER), out / f"worst_case_heatmap.{fmt}"))
             figures[""].append(f"worst_case_heatmap.{fmt}")
         if trade[["suppression_loss", "integrity_loss"]].notna().all(axis=1).any():
             files.append(save_figure(tradeoff_scatter(trade, settings), out / f"tradeoff.{fmt}"))

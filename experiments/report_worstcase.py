@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["worst_case", "worst_case_heatmap"]
+__all__ = ["worst_case", "worst_case_heatmap", "setting_order"]
 
 COLUMNS = ["rule", "setting", "no_attack_acc", "no_attack_std", "worst_acc", "worst_std", "worst_attack", "attacks",
            "seeds"]
@@ -25,7 +25,9 @@ def worst_case(results: pd.DataFrame) -> pd.DataFrame:
     """One row per (rule, setting) of a report's ``results`` table (``final_acc`` as a fraction).
 
     Returns:
-        Columns :data:`COLUMNS`: accuracies in % (mean over seeds, population standard deviation over
+        Columns :data:`COLUMNS` (``setting`` is the heterogeneity label where the table has one, so
+        that a rule whose runs carry an extra setting, FLTrust's root set, sits in the same column
+        as the others): accuracies in % (mean over seeds, population standard deviation over
         seeds); ``worst_attack`` is the attack (not ``none``) with the lowest mean final accuracy,
         ties broken by attack name; ``attacks`` the number of attacks with a finished run; ``seeds``
         the number of seeds of the worst cell. Runs whose status is not ``ok`` or ``diverged`` are
@@ -33,7 +35,8 @@ def worst_case(results: pd.DataFrame) -> pd.DataFrame:
     """
     ok = results[results["status"].isin(("ok", "diverged"))]
     rows = []
-    for (rule, setting), g in ok.groupby(["rule", "setting"], sort=True):
+    by = "heterogeneity" if "heterogeneity" in ok.columns else "setting"
+    for (rule, setting), g in ok.groupby(["rule", by], sort=True):
         cells = g.groupby("attack")["final_acc"].agg(["mean", lambda s: float(np.std(s.to_numpy())), "count"])
         cells.columns = ["mean", "std", "count"]
         none = cells.loc["none"] if "none" in cells.index else None
@@ -52,6 +55,19 @@ def worst_case(results: pd.DataFrame) -> pd.DataFrame:
             "seeds": int(w["count"]) if len(attacked) else 0,
         })
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def setting_order(table: pd.DataFrame) -> list[str]:
+    """The settings of :func:`worst_case`'s table: iid first, then Dirichlet by decreasing alpha
+    (more heterogeneous to the right), then the rest by name."""
+    import re
+
+    def key(s: object) -> tuple[int, float, str]:
+        text = str(s)
+        m = re.search(r"a=([0-9.eE+-]+)", text)
+        return (0 if text.startswith("iid") else 1 if m else 2, -float(m.group(1)) if m else 0.0, text)
+
+    return sorted(table["setting"].unique(), key=key)
 
 
 def worst_case_heatmap(table: pd.DataFrame, settings: Sequence[str], rule_order: Sequence[str]) -> Any:

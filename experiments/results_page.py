@@ -87,7 +87,9 @@ def _worst_case(folder: Path) -> str:
     t = pd.read_csv(folder / "worst_case.csv").fillna({"worst_attack": ""})
     from .report_tables import RULE_ORDER
 
-    settings = sorted(t["setting"].unique(), key=lambda s: (not s.startswith("iid"), s))
+    from .report_worstcase import setting_order
+
+    settings = setting_order(t)
     rules = [r for r in RULE_ORDER if r in set(t["rule"])] + sorted(set(t["rule"]) - set(RULE_ORDER))
     head = ["rule"] + [f"{s}: no attack" for s in settings] + [f"{s}: worst case (attack)" for s in settings]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (2 * len(settings))]

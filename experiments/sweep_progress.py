@@ -188,18 +188,24 @@ def _report(sweep_dir: str, job: int, status: str, text: str) -> None:
         print(summary(sweep_dir), flush=True)
 
 
-def record_current_job(status: str, error: BaseException) -> None:
-    """From inside a ``-m`` job (Hydra's config set): record that this job ends with ``status``
-    because of ``error`` and print its line; a no-op outside a multirun. For the jobs that leave
-    by ``sys.exit`` (a bad value: exit status 2), which Hydra's ``on_job_end`` never sees."""
+def _multirun_hydra() -> Any:
+    """Hydra's config of the running job when it is part of a ``-m`` sweep, else ``None``."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     try:
         hc = HydraConfig.get()
     except ValueError:
-        return
-    if hc.mode != RunMode.MULTIRUN:
+        return None
+    return hc if hc.mode == RunMode.MULTIRUN else None
+
+
+def record_current_job(status: str, error: BaseException) -> None:
+    """From inside a ``-m`` job (Hydra's config set): record that this job ends with ``status``
+    because of ``error`` and print its line; a no-op outside a multirun. For the jobs that leave
+    by ``sys.exit`` (a bad value: exit status 2), which Hydra's ``on_job_end`` never sees."""
+    hc = _multirun_hydra()
+    if hc is None:
         return
     _report(str(hc.sweep.dir), int(hc.job.num), status, f"failed: {type(error).__name__}: {error}")
 
@@ -224,15 +230,10 @@ class SweepProgress(Callback):
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         """Record this job's status and print its progress line (multirun only)."""
-        from hydra.core.hydra_config import HydraConfig
         from hydra.core.utils import JobStatus
-        from hydra.types import RunMode
 
-        try:
-            hc = HydraConfig.get()
-        except ValueError:
-            return
-        if hc.mode != RunMode.MULTIRUN:
+        hc = _multirun_hydra()
+        if hc is None:
             return
         failed = job_return.status == JobStatus.FAILED
         run_dir = Path(hc.runtime.output_dir)  # the job's folder (working_dir is the cwd: chdir=false)

@@ -220,17 +220,8 @@ def install_grow(ms: Membership, epoch: int, joiners: Sequence[int]) -> tuple[in
     Raises:
         QuorumLostError: another membership was installed as epoch ``e + 1`` first.
     """
-    before = ms.members(epoch)
-    want = tuple(sorted(set(before) | {int(w) for w in joiners}))
-    ms.seal(epoch)
-    import json
-
-    got = tuple(int(w) for w in json.loads(ms.store.compare_set(ms._k("epoch", int(epoch) + 1), "",
-                                                                json.dumps(list(want))).decode()))
-    if got != want:
-        raise QuorumLostError(f"cannot grow epoch {epoch} to {fmt_members(want)}: epoch {epoch + 1} is already "
-                              f"{fmt_members(got)}.")
-    return got
+    want = tuple(sorted(set(ms.members(epoch)) | {int(w) for w in joiners}))
+    return _install_next(ms, epoch, want, f"grow epoch {epoch} to {fmt_members(want)}")
 
 
 def install_leave(ms: Membership, epoch: int, leaving: Sequence[int]) -> tuple[int, ...]:
@@ -242,15 +233,24 @@ def install_leave(ms: Membership, epoch: int, leaving: Sequence[int]) -> tuple[i
     Raises:
         QuorumLostError: another membership was installed as epoch ``e + 1`` first.
     """
+    want = tuple(w for w in ms.members(epoch) if w not in {int(x) for x in leaving})
+    return _install_next(ms, epoch, want, f"leave worker(s) {sorted(leaving)} out of epoch {epoch}")
+
+
+def _install_next(ms: Membership, epoch: int, want: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """Seal epoch ``e`` and compare-and-set epoch ``e + 1`` to ``want``; the installed members.
+
+    Raises:
+        QuorumLostError: another membership was installed as epoch ``e + 1`` first (``what`` says
+            what this rank tried).
+    """
     import json
 
-    want = tuple(w for w in ms.members(epoch) if w not in {int(x) for x in leaving})
     ms.seal(epoch)
     got = tuple(int(w) for w in json.loads(ms.store.compare_set(ms._k("epoch", int(epoch) + 1), "",
                                                                 json.dumps(list(want))).decode()))
     if got != want:
-        raise QuorumLostError(f"cannot leave worker(s) {sorted(leaving)} out of epoch {epoch}: epoch {epoch + 1} is "
-                              f"already {fmt_members(got)}.")
+        raise QuorumLostError(f"cannot {what}: epoch {epoch + 1} is already {fmt_members(got)}.")
     return got
 
 
