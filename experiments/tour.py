@@ -95,7 +95,8 @@ def tour(overrides: Sequence[str] = (), *, quiet: bool = False) -> list[dict[str
     (root / "tour.json").write_text(json.dumps(rows, indent=1) + "\n")
     (root / "tour.md").write_text(markdown(rows))
     if not quiet:
-        _print(rows, root, str(cfgs[0].data.name))
+        name = cfgs[0].data.name
+        _print(rows, root, str(getattr(name, "value", name)))  # DataName.digits -> digits
     return rows
 
 
