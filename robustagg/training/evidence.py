@@ -137,15 +137,69 @@ def _clean(v: Any) -> Any:
     return v
 
 
+#: An evidence file's name: ``rank-<r>.json`` with ``r`` in ASCII decimal digits.
+_EVIDENCE_NAME = re.compile(r"rank-(0|[1-9][0-9]{0,8})\.json", re.ASCII)
+#: Larger files are not evidence a rank wrote (one holds a traceback and a few digests: kilobytes).
+_EVIDENCE_MAX_BYTES = 16 * 2**20
+
+
 def read_evidence(folder: Path) -> list[dict[str, Any]]:
-    """Every ``rank-*.json`` evidence file in ``folder`` (rank order; unreadable files skipped)."""
-    out = []
-    for p in sorted(Path(folder).glob("rank-*.json"), key=lambda q: int(q.stem.split("-")[1])):
+    """Every well-formed ``rank-<r>.json`` evidence file in ``folder``, in rank order.
+
+    The folder is untrusted input: anything may have been placed there. A file is kept only when
+    its name is ``rank-<r>.json`` with ``r`` in ASCII decimal digits, it is a regular file of at most
+    16 MiB holding a JSON object, its ``rank`` field (when present) equals ``r`` (a bool is not a
+    rank), ``kind`` is a string, ``step`` an integer or null, ``step_id`` an integer and ``time`` a
+    number, where present. Every other file is skipped, so :func:`summarise_evidence` and the
+    readers of ``step_id`` and ``time`` never fail on what this returns. ``rank`` is set from the
+    file name when missing.
+
+    Args:
+        folder: the evidence folder of one attempt (need not exist: then ``[]``).
+
+    Returns:
+        The evidence dicts (see :func:`build_evidence`), sorted by rank. Raises nothing.
+    """
+    found: list[tuple[int, dict[str, Any]]] = []
+    try:
+        paths = list(Path(folder).iterdir())
+    except OSError:
+        return []
+    for p in paths:
+        m = _EVIDENCE_NAME.fullmatch(p.name)
+        if m is None:
+            continue
+        rank = int(m.group(1))
         try:
-            out.append(json.loads(p.read_text()))
+            if not p.is_file() or p.is_symlink() or p.stat().st_size > _EVIDENCE_MAX_BYTES:
+                continue
+            record = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-    return out
+        if _well_formed(record, rank):
+            found.append((rank, {**record, "rank": rank}))
+    return [record for _, record in sorted(found, key=lambda item: item[0])]
+
+
+def _well_formed(record: Any, rank: int) -> bool:
+    """Whether one decoded evidence file has the field types its readers rely on (see read_evidence)."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not isinstance(record, dict):
+        return False
+    if "rank" in record and not (is_int(record["rank"]) and record["rank"] == rank):
+        return False
+    if "kind" in record and not isinstance(record["kind"], str):
+        return False
+    if "step" in record and record["step"] is not None and not is_int(record["step"]):
+        return False
+    if "step_id" in record and not is_int(record["step_id"]):
+        return False
+    if "time" in record and not (isinstance(record["time"], (int, float)) and not isinstance(record["time"], bool)):
+        return False
+    exception = record.get("exception", {})
+    return isinstance(exception, dict) and isinstance(exception.get("message", ""), str)
 
 
 def summarise_evidence(evidence: Sequence[dict[str, Any]], *, attempt: int, lost: Sequence[int] = (),
