@@ -32,6 +32,8 @@ QUIET = ["logger=none", "trainer.progress=false"]
 # Xeon (AVX-512) machine of 2026-12-01, where they were computed at commit f1b0ad8 (whose cells
 # equal the AMD pins on AMD). Forcing AVX2 kernels on the Intel machine (ATEN_CPU_CAPABILITY,
 # MKL_CBWR, MKL_ENABLE_INSTRUCTIONS) does not reproduce the AMD bits, so one table cannot serve both.
+# The AMD EPYC with AVX-512 of 2026-12-02 gives a third table (computed at f1b0ad8 and at cbc5905,
+# equal; only mean/gaussian equals the AVX2 machine's pin).
 PINNED_BY_PLATFORM = {
     ("AuthenticAMD", "AVX2"): {
         "mean/none": "61b6af6c4d250bc9", "mean/gaussian": "edab5c9c6ff76b41", "mean/alie": "f37ab8a6289c96c6",
@@ -41,6 +43,10 @@ PINNED_BY_PLATFORM = {
         "mean/none": "f9d8d8c27a0bd546", "mean/gaussian": "acf4132ec3b83fae", "mean/alie": "49789dca968df3ec",
         "trimmed_mean/none": "090664d2a03f1833", "trimmed_mean/gaussian": "f96640e30d34a565",
         "trimmed_mean/alie": "e32641e63fc94e8a"},
+    ("AuthenticAMD", "AVX512"): {
+        "mean/none": "a90d49dda0d0c536", "mean/gaussian": "edab5c9c6ff76b41", "mean/alie": "0d979bb7e6bedf67",
+        "trimmed_mean/none": "743c4e77d10fb1de", "trimmed_mean/gaussian": "3b7d12fd5c66f605",
+        "trimmed_mean/alie": "f92b3fda38cec61f"},
 }
 
 
