@@ -58,7 +58,7 @@ import torch
 
 from .errors import CheckpointError, StorageError
 
-__all__ = ["FORMAT_VERSION", "KEY_ENV", "STORAGE_ERRNOS", "storage_errors", "open_for_writing", "atomic_write_bytes", "atomic_write_json", "save_state", "load_state",
+__all__ = ["FORMAT_VERSION", "KEY_ENV", "STORAGE_ERRNOS", "storage_errors", "open_for_writing", "atomic_write_bytes", "atomic_write_json", "read_regular", "save_state", "load_state",
            "parse_state", "parse_manifest", "sha256_bytes", "sha256_file", "append_jsonl", "read_jsonl", "check_name", "manifest_mac", "Checkpoint",
            "CheckpointStore"]
 
@@ -266,8 +266,10 @@ def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
     return manifest
 
 
-def _read_regular(folder: Path, name: str, size: Optional[int] = None, limit: Optional[int] = None) -> bytes:
+def read_regular(folder: Path, name: str, size: Optional[int] = None, limit: Optional[int] = None) -> bytes:
     """The bytes of ``folder/name``, a regular file directly inside ``folder`` (no symlink followed).
+
+    The one way this package reads a file from an untrusted folder (a checkpoint, a run's evidence).
 
     Args:
         size: the size the manifest records: a file of another size is refused before a byte is
@@ -424,7 +426,7 @@ class Checkpoint:
         info = self.manifest["files"][name]
         if not isinstance(info, dict) or not isinstance(info.get("size"), int):
             raise CheckpointError(f"{self.path.name}/{name}: the manifest records no int size")
-        data = _read_regular(self.path, name, size=info["size"])
+        data = read_regular(self.path, name, size=info["size"])
         if len(data) != info.get("size"):
             raise CheckpointError(f"{self.path.name}/{name}: size {len(data)} != {_get(info, 'size')}")
         if sha256_bytes(data) != info.get("sha256"):
@@ -521,7 +523,7 @@ class CheckpointStore:
             raise CheckpointError(f"cannot commit step {step}: files {missing} were not written by every rank.")
         files = {}
         for f in expected_files:
-            data = _read_regular(staging, f)
+            data = read_regular(staging, f)
             files[f] = {"size": len(data), "sha256": sha256_bytes(data)}
         manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files, "committed_at": time.time(), **meta}
         manifest.pop("hmac", None)
@@ -630,7 +632,7 @@ class CheckpointStore:
         if not path.is_dir():
             raise CheckpointError(f"{path.name}: not a folder")
         try:
-            data = _read_regular(path, MANIFEST, limit=MAX_MANIFEST_BYTES)
+            data = read_regular(path, MANIFEST, limit=MAX_MANIFEST_BYTES)
         except CheckpointError as exc:
             if str(exc).endswith(": missing"):
                 raise CheckpointError(f"{path.name}: no manifest (never committed)") from None
@@ -709,7 +711,7 @@ class CheckpointStore:
                 problems.append(f"{path.name}/{name}: not in the manifest")
                 continue
             try:
-                data = _read_regular(path, name, size=listed[name]["size"])  # the size first, unread
+                data = read_regular(path, name, size=listed[name]["size"])  # the size first, unread
             except CheckpointError as exc:
                 problems.append(str(exc))
                 continue

@@ -50,3 +50,16 @@ def test_a_folder_of_only_bad_files_reads_as_no_evidence(tmp_path: Path) -> None
 
 def test_a_missing_folder_reads_as_no_evidence(tmp_path: Path) -> None:
     assert read_evidence(tmp_path / "absent") == []
+
+
+def test_a_symlink_an_oversized_file_and_too_deep_a_nesting_are_skipped(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.json"
+    _write(tmp_path, "outside.json", {"rank": 1, "kind": "desync", "step": 1})
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    (folder / "rank-1.json").symlink_to(outside)                                  # points out of the folder
+    with open(folder / "rank-2.json", "wb") as fh:                                 # sparse, above 16 MiB
+        fh.truncate(16 * 2**20 + 1)
+    _write(folder, "rank-3.json", "[" * 200_000 + "]" * 200_000)                   # RecursionError to parse
+    _write(folder, "rank-4.json", {"rank": 4, "kind": "timeout", "step": 2})
+    assert [e["rank"] for e in read_evidence(folder)] == [4]

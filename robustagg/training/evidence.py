@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..checkpoint import atomic_write_json
+from ..checkpoint import atomic_write_json, read_regular
 from ..errors import (AssumptionError, CheckpointError, DesyncError, IntegrityError, Interrupted, NonFiniteInputError,
                       QuorumLostError)
 
@@ -148,7 +148,8 @@ def read_evidence(folder: Path) -> list[dict[str, Any]]:
 
     The folder is untrusted input: anything may have been placed there. A file is kept only when
     its name is ``rank-<r>.json`` with ``r`` in ASCII decimal digits, it is a regular file of at most
-    16 MiB holding a JSON object, its ``rank`` field (when present) equals ``r`` (a bool is not a
+    16 MiB (read by :func:`robustagg.checkpoint.read_regular`: no symlink followed) holding a
+    JSON object nested shallowly enough to parse, its ``rank`` field (when present) equals ``r`` (a bool is not a
     rank), ``kind`` is a string, ``step`` an integer or null, ``step_id`` an integer and ``time`` a
     number, where present. Every other file is skipped, so :func:`summarise_evidence` and the
     readers of ``step_id`` and ``time`` never fail on what this returns. ``rank`` is set from the
@@ -171,10 +172,8 @@ def read_evidence(folder: Path) -> list[dict[str, Any]]:
             continue
         rank = int(m.group(1))
         try:
-            if not p.is_file() or p.is_symlink() or p.stat().st_size > _EVIDENCE_MAX_BYTES:
-                continue
-            record = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            record = json.loads(read_regular(Path(folder), p.name, limit=_EVIDENCE_MAX_BYTES).decode())
+        except (CheckpointError, ValueError, RecursionError):  # not a plain file, too large, not JSON, too deep
             continue
         if _well_formed(record, rank):
             found.append((rank, {**record, "rank": rank}))
