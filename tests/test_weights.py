@@ -35,3 +35,52 @@ def test_meamed_shares():
 def test_shares_sum_to_one(name):
     x = torch.randn(9, 300, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     assert float(ra.get(name, f=2).weights(x).sum()) == pytest.approx(1.0)
+
+
+def _shares_by_walking_runs(x, positions, per_position):
+    """float64 reference: sort each column, walk its runs of equal values, share each run's credit."""
+    n, d = x.shape
+    out = [0.0] * n
+    for j in range(d):
+        col = [(float(x[i, j]), i) for i in range(n)]
+        col.sort()
+        p = 0
+        while p < n:
+            q = p
+            while q < n and col[q][0] == col[p][0]:
+                q += 1
+            credit = sum(per_position for r in range(p, q) if r in positions)
+            for r in range(p, q):
+                out[col[r][1]] += credit / (q - p) / d
+            p = q
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_order_statistic_shares_match_walking_the_runs(seed):
+    # ties everywhere (small integers, all-zero columns, -0.0 next to 0.0), n odd and even, f at its bound
+    from robustagg.functional.weights import order_statistic_weights
+
+    g = torch.Generator().manual_seed(seed)
+    n = 3 + seed
+    x = torch.randint(-2, 3, (n, 40), generator=g).to(torch.float32)
+    x[:, :5] = 0.0
+    x[0, :5] = -0.0
+    x[:, 5:10] = torch.randn(n, 5, generator=g)
+    for f in range(0, (n - 1) // 2 + 1):
+        positions = list(range(f, n - f))
+        got = order_statistic_weights(x, positions, 1.0 / len(positions))
+        assert got.tolist() == pytest.approx(_shares_by_walking_runs(x, positions, 1.0 / len(positions)), abs=1e-14)
+    lo, hi = (n - 1) // 2, n // 2  # the median's middles
+    got = order_statistic_weights(x, [lo, hi] if lo != hi else [lo], 0.5 if lo != hi else 1.0)
+    assert got.tolist() == pytest.approx(
+        _shares_by_walking_runs(x, [lo, hi] if lo != hi else [lo], 0.5 if lo != hi else 1.0), abs=1e-14)
+
+
+def test_order_statistic_shares_refuse_a_gap_in_the_positions():
+    from robustagg.functional.weights import order_statistic_weights
+
+    with pytest.raises(ValueError, match="contiguous"):
+        order_statistic_weights(torch.zeros(5, 3), [0, 2], 0.5)
+    with pytest.raises(ValueError, match="contiguous"):
+        order_statistic_weights(torch.zeros(5, 3), [3, 4, 5], 0.5)

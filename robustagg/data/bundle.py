@@ -39,12 +39,12 @@ class DataBundle:
     partition: str = ""
 
     def shard(self, rank: int) -> Shard:
-        """Worker ``rank``'s training data (a copy)."""
+        """Worker ``rank``'s training data (a copy: indexing by an index tensor gathers new storage)."""
         idx = torch.from_numpy(self.parts[rank])
-        x = self.train_x[idx].clone()
+        x = self.train_x[idx]
         if self.shifts is not None:
             x += self.shifts[rank]
-        return Shard(x, self.train_y[idx].clone())
+        return Shard(x, self.train_y[idx])
 
     def root(self, k: int, seed: int) -> Shard:
         """The server's clean root data set: ``k`` training examples drawn uniformly without

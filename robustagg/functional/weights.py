@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .selection import order_statistics
+
 __all__ = ["order_statistic_weights", "selection_weights", "meamed_weights"]
 
 _CHUNK_ELEMENTS = 1 << 20
@@ -40,16 +42,54 @@ def _credit_split_over_ties(sorted_values: torch.Tensor, order: torch.Tensor, cr
 
 
 def order_statistic_weights(x: torch.Tensor, positions: list[int], per_position: float) -> torch.Tensor:
-    """Average over coordinates of ``per_position`` for each row at one of ``positions`` of its column's
-    sorted order (equal values share). ``(n, d) -> (n,)`` float64."""
+    """Average over coordinates of ``per_position`` for each row at one of ``positions`` of its
+    column's ascending order; rows holding equal values share their run's credit equally.
+
+    In one coordinate, with ``a`` and ``b`` the values at the first and last credited positions
+    ``p0`` and ``p1 - 1``: a value strictly between them is credited in full, a value outside gets
+    nothing, and the ``hi - lo`` rows equal to ``a`` (or ``b``), which occupy the sorted positions
+    ``[lo, hi)``, share ``per_position * |[lo, hi) & [p0, p1)|`` equally. ``a`` and ``b`` come from
+    the comparator network of :func:`~robustagg.functional.selection.order_statistics` (exact
+    order statistics, no sort), ``lo`` and ``hi`` from two comparisons per row: ``O(n d)`` after the
+    network, which is what makes the metric cheaper than the rule it measures.
+
+    Args:
+        x: ``(n, d)`` finite floating rows (compared as given).
+        positions: the credited sorted positions (0-based), one contiguous range ``p0 .. p1 - 1``
+            with ``0 <= p0 < p1 <= n`` (the median's one or two middles, the trimmed mean's
+            ``f .. n - f - 1``).
+        per_position: the credit of each position (``1/(n - 2f)`` for the trimmed mean).
+
+    Returns:
+        ``(n,)`` float64 shares summing to ``len(positions) * per_position`` (up to rounding).
+
+    Raises:
+        ValueError: ``positions`` is empty, not contiguous, or outside ``[0, n)``.
+    """
     n, d = x.shape
+    p0, p1 = (min(positions), max(positions) + 1) if positions else (0, 0)
+    if not positions or sorted(positions) != list(range(p0, p1)) or p0 < 0 or p1 > n:
+        raise ValueError(f"positions must be one contiguous range inside [0, {n}), got {positions}")
     counts = torch.zeros(n, dtype=torch.float64, device=x.device)
-    chunk = max(1, _CHUNK_ELEMENTS // n)
-    kept = torch.zeros(n, 1, dtype=torch.float64, device=x.device)
-    kept[positions] = per_position
-    for s in range(0, d, chunk):
-        values, order = torch.sort(x[:, s:s + chunk], dim=0, stable=True)
-        counts += _credit_split_over_ties(values, order, kept.expand_as(values))
+    if d == 0:
+        return counts
+    a = torch.empty(d, dtype=x.dtype, device=x.device)
+    b = torch.empty(d, dtype=x.dtype, device=x.device)
+    for chunk in order_statistics(x, exact=sorted({p0, p1 - 1})):
+        a[chunk.cols] = torch.as_tensor(chunk.s[p0])
+        b[chunk.cols] = torch.as_tensor(chunk.s[p1 - 1])
+    step = max(1, _CHUNK_ELEMENTS // n)
+    for s in range(0, d, step):
+        block, lo_v, hi_v = x[:, s:s + step], a[s:s + step], b[s:s + step]
+        counts += per_position * ((block > lo_v) & (block < hi_v)).sum(dim=1, dtype=torch.float64)
+        for value, first in ((lo_v, True), (hi_v, False)):
+            equal = block == value
+            if not first:
+                equal &= (lo_v != hi_v)  # a == b: the one run was credited with a
+            below = (block < value).sum(dim=0)
+            run = equal.sum(dim=0).clamp(min=1)  # >= 1 but where a == b masked b's run out
+            overlap = (torch.clamp(below + run, max=p1) - torch.clamp(below, min=p0)).to(torch.float64)
+            counts += equal.to(torch.float64) @ (per_position * overlap / run.to(torch.float64))
     return counts / d
 
 
