@@ -5,9 +5,10 @@ Two steps, so that every number on the page comes from a file in the repository:
     python -m experiments.results_page collect fmnist_benchmark <sweep folder>   # sweep -> docs/results/
     python -m experiments.results_page render                                    # docs/results/ -> the page
 
-``collect`` runs the sweep report (:func:`experiments.report.build_report`) and keeps, under
-``docs/results/<name>/``, its CSV files (without the machine's run folders) and figures, plus
-``cost.json`` (runs and CPU seconds summed from each job's ``job_timing.json``). ``render``
+``collect`` merges a sweep's runs (a whole benchmark or one shard of it) into the per-run tables under
+``docs/results/<name>/`` (``results.csv``, ``curves.csv``; a newer run of the same cell replaces the
+older) and draws the report's tables and figures again from the merged rows, plus ``cost.json``
+(runs, and CPU seconds summed from each job's ``job_timing.json``, per shard and in total). ``render``
 rewrites every block of the page between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``
 from those files (also in the README: the tour's table on Fashion-MNIST); ``render --check`` (and ``tests/test_results_page.py``) fails when a block
 differs from what the files give.
@@ -34,42 +35,103 @@ PAGE = ROOT / "docs" / "results.md"
 PAGES = (PAGE, ROOT / "README.md")
 RESULTS = ROOT / "docs" / "results"
 
-#: The report's files kept by :func:`collect` (figures whose name starts so are kept too).
-KEPT_CSV = ("results.csv", "tradeoff.csv", "worst_case.csv")
-KEPT_FIGURES = ("worst_case_heatmap.png", "accuracy_heatmap.png", "tradeoff.png", "learning_acc_")
-
 _BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
 
 
+#: The columns that name one run of a benchmark: a newer run of the same cell replaces the older one.
+CELL = ["rule", "attack", "setting", "seed"]
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """A committed CSV as the report wrote it (empty cells are missing values, names stay text)."""
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    for col in ("run_id", "rule", "attack", "setting", "status"):
+        if col in df.columns:
+            df[col] = df[col].astype(str)
+    return df
+
+
 def collect(name: str, sweep: str | Path, *, results: Path = RESULTS) -> Path:
-    """Report the sweep under ``sweep`` and keep its result files in ``results / name``.
+    """Merge the runs under ``sweep`` into the committed result files in ``results / name``.
+
+    Every run of the sweep becomes one row of ``results.csv`` (its ``run_id`` prefixed with the
+    sweep folder's name, so shards run on different days never collide) and its evaluations rows
+    of ``curves.csv``; a row already there for the same cell (:data:`CELL`: rule, attack, setting,
+    seed) is replaced, every other row is kept. The tables and figures (trade-off, worst case,
+    heatmaps, learning curves) are then drawn again from the merged rows, so a benchmark too big
+    for one session is collected shard by shard and the run folders need not survive. ``cost.json``
+    adds the shard's CPU and wall seconds (from each job's ``job_timing.json``) to the totals and
+    lists every shard collected.
+
+    A benchmark's setting is its heterogeneity (``iid``, ``dirichlet(a=0.5)``, ...): every other
+    choice is fixed by its experiment config, and what a rule brings with it (FLTrust's clean root
+    set, ``server.root_samples``) belongs to the rule, so FLTrust is compared with the other rules
+    in the same panel instead of a panel of its own.
 
     Returns:
-        The folder written (its previous content is replaced).
+        The folder written (replaced as a whole, from a staged copy).
 
     Raises:
-        ConfigError: ``sweep`` holds no run (from :func:`experiments.report.build_report`).
+        ConfigError: ``sweep`` holds no run (from :func:`experiments.report_load.load_sweep`).
     """
     import tempfile
 
-    from .report import build_report
+    from .report import RESULT_COLUMNS, write_csv
+    from .report_figures import accuracy_heatmap, learning_curves, save_figure, tradeoff_scatter
+    from .report_load import CURVE_COLUMNS, load_sweep
+    from .report_tables import RULE_ORDER, add_derived, slug, tradeoff
+    from .report_worstcase import setting_order, worst_case, worst_case_heatmap
 
     dest = results / name
+    batch = Path(sweep).resolve().name
+    data = load_sweep(sweep)
+    new = add_derived(data.runs)
+    new = new[[c for c in RESULT_COLUMNS if c in new.columns and c != "run_dir"]].copy()
+    new["run_id"] = batch + "/" + new["run_id"].astype(str)
+    curves = data.curves.copy()
+    curves["run_id"] = batch + "/" + curves["run_id"].astype(str)
+    new["setting"] = new["heterogeneity"].astype(str)
+    old = _read_table(dest / "results.csv") if (dest / "results.csv").is_file() else new.iloc[0:0]
+    old["setting"] = old["heterogeneity"].astype(str)
+    old_curves = _read_table(dest / "curves.csv") if (dest / "curves.csv").is_file() else curves.iloc[0:0]
+    replaced = old.merge(new[CELL].drop_duplicates(), on=CELL, how="inner")["run_id"]
+    old = old[~old["run_id"].isin(replaced)]
+    merged = pd.concat([old, new], ignore_index=True)
+    merged["setting"] = merged["heterogeneity"].astype(str)  # see the docstring: a rule's own server data is not a setting
+    merged_curves = pd.concat([old_curves[~old_curves["run_id"].isin(replaced)], curves], ignore_index=True)
+    merged_curves = merged_curves[[c for c in CURVE_COLUMNS if c in merged_curves.columns]]
+    timings = [json.loads(p.read_text()) for p in Path(sweep).rglob("job_timing.json")]
+    shard = {"sweep": batch, "runs": int(len(new)), "timed_jobs": len(timings),
+             "cpu_seconds": round(sum(float(t["cpu_s"]) for t in timings), 1),
+             "wall_seconds": round(sum(float(t["wall_s"]) for t in timings), 1)}
+    before = json.loads((dest / "cost.json").read_text()) if (dest / "cost.json").is_file() else {}
+    shards = before.get("shards", [{k: before[k] for k in ("runs", "timed_jobs", "cpu_seconds", "wall_seconds")}
+                                   | {"sweep": "(collected before shards were listed)"}] if before else [])
+    shards = [s for s in shards if s["sweep"] != batch] + [shard]
+    status = merged["status"].value_counts().to_dict()
+    cost = {"runs": int(len(merged)), "status": {k: int(v) for k, v in sorted(status.items())},
+            "timed_jobs": sum(s["timed_jobs"] for s in shards),
+            "cpu_seconds": round(sum(s["cpu_seconds"] for s in shards), 1),
+            "wall_seconds": round(sum(s["wall_seconds"] for s in shards), 1), "shards": shards}
+    settings = sorted(dict.fromkeys(merged["setting"]), key=lambda v: (not v.startswith("iid"), v))
     with tempfile.TemporaryDirectory() as tmp:
-        report = build_report(sweep, Path(tmp) / "report", wandb=False)
         staged = Path(tmp) / "kept"
         staged.mkdir()
-        for csv in KEPT_CSV:
-            df = pd.read_csv(report.out_dir / csv)
-            df.drop(columns=[c for c in ("run_dir",) if c in df.columns]).to_csv(staged / csv, index=False)
-        for f in sorted(report.out_dir.iterdir()):
-            if f.suffix == ".png" and any(f.name == k or f.name.startswith(k) for k in KEPT_FIGURES):
-                shutil.copyfile(f, staged / f.name)
-        timings = [json.loads(p.read_text()) for p in Path(sweep).rglob("job_timing.json")]
-        status = report.results["status"].value_counts().to_dict()
-        cost = {"runs": int(len(report.results)), "status": {k: int(v) for k, v in sorted(status.items())},
-                "timed_jobs": len(timings), "cpu_seconds": round(sum(float(t["cpu_s"]) for t in timings), 1),
-                "wall_seconds": round(sum(float(t["wall_s"]) for t in timings), 1)}
+        write_csv(staged / "results.csv", merged)
+        write_csv(staged / "curves.csv", merged_curves)
+        trade = tradeoff(merged)
+        write_csv(staged / "tradeoff.csv", trade)
+        worst = worst_case(merged)
+        write_csv(staged / "worst_case.csv", worst)
+        save_figure(accuracy_heatmap(merged, settings), staged / "accuracy_heatmap.png")
+        if (worst["attacks"] > 0).any():
+            save_figure(worst_case_heatmap(worst, setting_order(worst), RULE_ORDER), staged / "worst_case_heatmap.png")
+        if trade[["suppression_loss", "integrity_loss"]].notna().all(axis=1).any():
+            save_figure(tradeoff_scatter(trade, settings), staged / "tradeoff.png")
+        for setting in settings:
+            fig = learning_curves(merged, merged_curves, setting, "acc")
+            if fig is not None:
+                save_figure(fig, staged / f"learning_acc_{slug(setting)}.png")
         (staged / "cost.json").write_text(json.dumps(cost, indent=1, sort_keys=True) + "\n")
         if dest.exists():
             shutil.rmtree(dest)

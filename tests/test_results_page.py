@@ -63,3 +63,39 @@ def test_the_byzfl_sentence_matches_its_table():
     body = rp.render_block("byzfl_accuracy")
     rows = [ln for ln in body.splitlines()[2:] if ln.startswith("| ")]
     assert len(rows) == 6 and all("| yes |" in ln for ln in rows)
+
+
+def test_collect_merges_shards_a_newer_run_of_a_cell_replaces_the_older(tmp_path):
+    # two shards collected one after the other, as a benchmark too big for one session is: the
+    # second adds seed 1 and runs one cell of seed 0 again; the run folders of the first are gone
+    from test_report import make_run
+
+    first, second, results = tmp_path / "2026-12-01_10-00-00", tmp_path / "2026-12-02_10-00-00", tmp_path / "res"
+    make_run(first, 0, "mean", "none", "iid", 0, 0.90)
+    make_run(first, 1, "krum", "alie", "iid", 0, 0.60)
+    make_run(first, 2, "mean", "alie", "dirichlet", 0, 0.40)
+    (first / "0" / "job_timing.json").write_text(json.dumps({"cpu_s": 10.0, "wall_s": 12.0}))
+    rp.collect("bench", first, results=results)
+    import shutil
+
+    shutil.rmtree(first)
+    make_run(second, 0, "krum", "alie", "iid", 0, 0.65)  # the same cell again: replaces 0.60
+    make_run(second, 1, "mean", "none", "iid", 1, 0.92)
+    (second / "1" / "job_timing.json").write_text(json.dumps({"cpu_s": 4.0, "wall_s": 5.0}))
+    dest = rp.collect("bench", second, results=results)
+    rows = pd.read_csv(dest / "results.csv")
+    assert len(rows) == 4
+    cells = {(r.rule, r.attack, r.setting, r.seed): (r.run_id, r.final_acc) for r in rows.itertuples()}
+    assert cells[("krum", "alie", "iid", 0)] == ("2026-12-02_10-00-00/0", 0.65)
+    assert cells[("mean", "none", "iid", 0)] == ("2026-12-01_10-00-00/0", 0.90)
+    assert ("mean", "alie", "dirichlet(a=0.1)", 0) in cells and ("mean", "none", "iid", 1) in cells
+    curves = pd.read_csv(dest / "curves.csv")
+    assert "2026-12-01_10-00-00/1" not in set(curves["run_id"])  # the replaced run's curve went with it
+    assert set(curves["run_id"]) == {rid for rid, _ in cells.values()}
+    cost = json.loads((dest / "cost.json").read_text())
+    assert [s["sweep"] for s in cost["shards"]] == ["2026-12-01_10-00-00", "2026-12-02_10-00-00"]
+    assert (cost["runs"], cost["cpu_seconds"], cost["wall_seconds"], cost["timed_jobs"]) == (4, 14.0, 17.0, 2)
+    assert (dest / "worst_case.csv").is_file() and (dest / "accuracy_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    again = rp.collect("bench", second, results=results)  # collecting the same shard twice changes nothing
+    assert len(pd.read_csv(again / "results.csv")) == 4
+    assert json.loads((again / "cost.json").read_text())["cpu_seconds"] == 14.0
