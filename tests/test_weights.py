@@ -77,10 +77,30 @@ def test_order_statistic_shares_match_walking_the_runs(seed):
         _shares_by_walking_runs(x, [lo, hi] if lo != hi else [lo], 0.5 if lo != hi else 1.0), abs=1e-14)
 
 
-def test_order_statistic_shares_refuse_a_gap_in_the_positions():
+@pytest.mark.parametrize("seed", range(4))
+def test_order_statistic_shares_with_gaps_match_walking_the_runs(seed):
+    # a rule that keeps the two extremes of its trimmed set (the how-to's trimmed mid-range) credits
+    # two separate positions; any set of positions splits into ranges, each credited on its own
     from robustagg.functional.weights import order_statistic_weights
 
-    with pytest.raises(ValueError, match="contiguous"):
-        order_statistic_weights(torch.zeros(5, 3), [0, 2], 0.5)
-    with pytest.raises(ValueError, match="contiguous"):
+    g = torch.Generator().manual_seed(10 + seed)
+    n = 5 + seed
+    x = torch.randint(-1, 2, (n, 30), generator=g).to(torch.float64)
+    x[:, 10:] = torch.randn(n, 20, generator=g, dtype=torch.float64)
+    for positions in ([1, n - 2], [0, 2, 3], [0, n - 1], list(range(0, n, 2)), [n - 1]):
+        want = _shares_by_walking_runs(x, set(positions), 0.5)
+        assert order_statistic_weights(x, positions, 0.5).tolist() == pytest.approx(want, abs=1e-14)
+    # a repeated position is credited once
+    assert order_statistic_weights(x, [2, 2, 3], 0.5).tolist() == pytest.approx(
+        order_statistic_weights(x, [2, 3], 0.5).tolist(), abs=1e-15)
+
+
+def test_order_statistic_shares_refuse_positions_outside_the_rows():
+    from robustagg.functional.weights import order_statistic_weights
+
+    with pytest.raises(ValueError, match=r"inside \[0, 5\)"):
         order_statistic_weights(torch.zeros(5, 3), [3, 4, 5], 0.5)
+    with pytest.raises(ValueError, match="non-empty"):
+        order_statistic_weights(torch.zeros(5, 3), [], 0.5)
+    with pytest.raises(ValueError, match=r"inside \[0, 5\)"):
+        order_statistic_weights(torch.zeros(5, 3), [-1, 0], 0.5)

@@ -41,56 +41,79 @@ def _credit_split_over_ties(sorted_values: torch.Tensor, order: torch.Tensor, cr
     return torch.zeros(n, dtype=torch.float64, device=order.device).index_add_(0, order.flatten(), shared)
 
 
+def _contiguous_runs(positions: list[int]) -> list[tuple[int, int]]:
+    """``[(p0, p1), ...]``: the maximal half-open ranges that make up the set ``positions``."""
+    runs: list[tuple[int, int]] = []
+    for p in sorted(set(positions)):
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs
+
+
 def order_statistic_weights(x: torch.Tensor, positions: list[int], per_position: float) -> torch.Tensor:
     """Average over coordinates of ``per_position`` for each row at one of ``positions`` of its
     column's ascending order; rows holding equal values share their run's credit equally.
 
-    In one coordinate, with ``a`` and ``b`` the values at the first and last credited positions
-    ``p0`` and ``p1 - 1``: a value strictly between them is credited in full, a value outside gets
-    nothing, and the ``hi - lo`` rows equal to ``a`` (or ``b``), which occupy the sorted positions
-    ``[lo, hi)``, share ``per_position * |[lo, hi) & [p0, p1)|`` equally. ``a`` and ``b`` come from
-    the comparator network of :func:`~robustagg.functional.selection.order_statistics` (exact
-    order statistics, no sort), ``lo`` and ``hi`` from two comparisons per row: ``O(n d)`` after the
-    network, which is what makes the metric cheaper than the rule it measures.
+    Credit is additive over positions, so ``positions`` is split into its maximal contiguous ranges
+    and each range ``[p0, p1)`` is credited on its own. In one coordinate, with ``a`` and ``b`` the
+    values at positions ``p0`` and ``p1 - 1``: a value strictly between them is credited in full, a
+    value outside gets nothing, and the ``hi - lo`` rows equal to ``a`` (or ``b``), which occupy
+    the sorted positions ``[lo, hi)``, share ``per_position * |[lo, hi) & [p0, p1)|`` equally.
+    ``a`` and ``b`` come from the comparator network of
+    :func:`~robustagg.functional.selection.order_statistics` (exact order statistics, no sort),
+    ``lo`` and ``hi`` from two comparisons per row: ``O(n d)`` per range after the network, which
+    is what makes the metric cheaper than the rule it measures (the median's one or two middles
+    and the trimmed mean's ``f .. n - f - 1`` are one range; a rule that keeps the two extremes of
+    the trimmed set, say, has two).
 
     Args:
         x: ``(n, d)`` finite floating rows (compared as given).
-        positions: the credited sorted positions (0-based), one contiguous range ``p0 .. p1 - 1``
-            with ``0 <= p0 < p1 <= n`` (the median's one or two middles, the trimmed mean's
-            ``f .. n - f - 1``).
+        positions: the credited sorted positions (0-based), each in ``[0, n)``; a position listed
+            twice is credited once.
         per_position: the credit of each position (``1/(n - 2f)`` for the trimmed mean).
 
     Returns:
-        ``(n,)`` float64 shares summing to ``len(positions) * per_position`` (up to rounding).
+        ``(n,)`` float64 shares summing to ``len(set(positions)) * per_position`` (up to rounding).
 
     Raises:
-        ValueError: ``positions`` is empty, not contiguous, or outside ``[0, n)``.
+        ValueError: ``positions`` is empty or has a position outside ``[0, n)``.
     """
     n, d = x.shape
-    p0, p1 = (min(positions), max(positions) + 1) if positions else (0, 0)
-    if not positions or sorted(positions) != list(range(p0, p1)) or p0 < 0 or p1 > n:
-        raise ValueError(f"positions must be one contiguous range inside [0, {n}), got {positions}")
+    if not positions or min(positions) < 0 or max(positions) >= n:
+        raise ValueError(f"positions must be a non-empty list of sorted positions inside [0, {n}), got {positions}")
+    runs = _contiguous_runs(positions)
     counts = torch.zeros(n, dtype=torch.float64, device=x.device)
     if d == 0:
         return counts
-    a = torch.empty(d, dtype=x.dtype, device=x.device)
-    b = torch.empty(d, dtype=x.dtype, device=x.device)
-    for chunk in order_statistics(x, exact=sorted({p0, p1 - 1})):
-        a[chunk.cols] = torch.as_tensor(chunk.s[p0])
-        b[chunk.cols] = torch.as_tensor(chunk.s[p1 - 1])
+    ends = sorted({p for p0, p1 in runs for p in (p0, p1 - 1)})
+    stats = {p: torch.empty(d, dtype=x.dtype, device=x.device) for p in ends}
+    for chunk in order_statistics(x, exact=ends):
+        for p, values in stats.items():
+            values[chunk.cols] = torch.as_tensor(chunk.s[p])
     step = max(1, _CHUNK_ELEMENTS // n)
     for s in range(0, d, step):
-        block, lo_v, hi_v = x[:, s:s + step], a[s:s + step], b[s:s + step]
-        counts += per_position * ((block > lo_v) & (block < hi_v)).sum(dim=1, dtype=torch.float64)
-        for value, first in ((lo_v, True), (hi_v, False)):
-            equal = block == value
-            if not first:
-                equal &= (lo_v != hi_v)  # a == b: the one run was credited with a
-            below = (block < value).sum(dim=0)
-            run = equal.sum(dim=0).clamp(min=1)  # >= 1 but where a == b masked b's run out
-            overlap = (torch.clamp(below + run, max=p1) - torch.clamp(below, min=p0)).to(torch.float64)
-            counts += equal.to(torch.float64) @ (per_position * overlap / run.to(torch.float64))
+        block = x[:, s:s + step]
+        for p0, p1 in runs:
+            counts += _credit_one_range(block, stats[p0][s:s + step], stats[p1 - 1][s:s + step], p0, p1, per_position)
     return counts / d
+
+
+def _credit_one_range(block: torch.Tensor, lo_v: torch.Tensor, hi_v: torch.Tensor, p0: int, p1: int,
+                      per_position: float) -> torch.Tensor:
+    """``(n,)`` float64 per-row credit summed over the columns of ``block`` ``(n, c)`` for the sorted
+    positions ``[p0, p1)``, whose first and last values per column are ``lo_v`` and ``hi_v`` ``(c,)``."""
+    counts = per_position * ((block > lo_v) & (block < hi_v)).sum(dim=1, dtype=torch.float64)
+    for value, first in ((lo_v, True), (hi_v, False)):
+        equal = block == value
+        if not first:
+            equal &= (lo_v != hi_v)  # a == b: the one run was credited with a
+        below = (block < value).sum(dim=0)
+        run = equal.sum(dim=0).clamp(min=1)  # >= 1 but where a == b masked b's run out
+        overlap = (torch.clamp(below + run, max=p1) - torch.clamp(below, min=p0)).to(torch.float64)
+        counts += equal.to(torch.float64) @ (per_position * overlap / run.to(torch.float64))
+    return counts
 
 
 def meamed_weights(x: torch.Tensor, f: int, median: torch.Tensor) -> torch.Tensor:
