@@ -56,8 +56,17 @@ def _shares_by_walking_runs(x, positions, per_position):
     return out
 
 
+@pytest.fixture(params=["numpy", "torch"])
+def backend(request, monkeypatch):
+    """The CPU fast path (NumPy comparisons) and the torch path that CUDA tensors take."""
+    from robustagg.functional import selection
+
+    monkeypatch.setattr(selection, "FORCE_TORCH", request.param == "torch")
+    return request.param
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_order_statistic_shares_match_walking_the_runs(seed):
+def test_order_statistic_shares_match_walking_the_runs(seed, backend):
     # ties everywhere (small integers, all-zero columns, -0.0 next to 0.0), n odd and even, f at its bound
     from robustagg.functional.weights import order_statistic_weights
 
@@ -78,7 +87,7 @@ def test_order_statistic_shares_match_walking_the_runs(seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_order_statistic_shares_with_gaps_match_walking_the_runs(seed):
+def test_order_statistic_shares_with_gaps_match_walking_the_runs(seed, backend):
     # a rule that keeps the two extremes of its trimmed set (the how-to's trimmed mid-range) credits
     # two separate positions; any set of positions splits into ranges, each credited on its own
     from robustagg.functional.weights import order_statistic_weights

@@ -9,9 +9,12 @@ the selection weight.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
-from .selection import order_statistics
+from .selection import Backend, order_statistics
 
 __all__ = ["order_statistic_weights", "selection_weights", "meamed_weights"]
 
@@ -92,27 +95,61 @@ def order_statistic_weights(x: torch.Tensor, positions: list[int], per_position:
     for chunk in order_statistics(x, exact=ends):
         for p, values in stats.items():
             values[chunk.cols] = torch.as_tensor(chunk.s[p])
+    as_numpy = Backend(x).numpy
+    view = (lambda t: t.detach().numpy()) if as_numpy else (lambda t: t)
     step = max(1, _CHUNK_ELEMENTS // n)
     for s in range(0, d, step):
-        block = x[:, s:s + step]
+        block = view(x[:, s:s + step])
         for p0, p1 in runs:
-            counts += _credit_one_range(block, stats[p0][s:s + step], stats[p1 - 1][s:s + step], p0, p1, per_position)
+            got = _credit_one_range(block, view(stats[p0][s:s + step]), view(stats[p1 - 1][s:s + step]),
+                                    p0, p1, per_position)
+            counts += torch.from_numpy(got) if as_numpy else got
     return counts / d
 
 
-def _credit_one_range(block: torch.Tensor, lo_v: torch.Tensor, hi_v: torch.Tensor, p0: int, p1: int,
-                      per_position: float) -> torch.Tensor:
+def _f64(a: Any) -> Any:
+    """``a`` as float64, NumPy array or tensor alike."""
+    return a.astype(np.float64) if isinstance(a, np.ndarray) else a.to(torch.float64)
+
+
+def _credit_one_range(block: Any, lo_v: Any, hi_v: Any, p0: int, p1: int, per_position: float) -> Any:
     """``(n,)`` float64 per-row credit summed over the columns of ``block`` ``(n, c)`` for the sorted
-    positions ``[p0, p1)``, whose first and last values per column are ``lo_v`` and ``hi_v`` ``(c,)``."""
-    counts = per_position * ((block > lo_v) & (block < hi_v)).sum(dim=1, dtype=torch.float64)
+    positions ``[p0, p1)``, whose first and last values per column are ``lo_v`` and ``hi_v`` ``(c,)``
+    (NumPy arrays on CPU, whose comparisons are several times faster than torch's; tensors elsewhere).
+
+    A column whose run of values equal to ``lo`` starts at ``p0`` and whose run equal to ``hi`` ends
+    at ``p1 - 1`` credits every value in ``[lo, hi]`` in full: one inclusive comparison. The run
+    spills out of the range exactly when fewer than ``p0`` values are below ``lo`` (more than
+    ``n - p0`` are ``>= lo``) or more than ``p1`` are ``<= hi``; only those columns take the
+    run-sharing of :func:`_credit_spilling_runs`.
+    """
+    n = block.shape[0]
+    ge = block >= lo_v
+    le = block <= hi_v
+    inside = ge & le
+    spill = (ge.sum(0) > n - p0) | (le.sum(0) > p1)
+    whole = inside.sum(1)
+    if not bool(spill.any()):
+        return per_position * _f64(whole)
+    cols = spill.nonzero()[0] if isinstance(spill, np.ndarray) else spill.nonzero().squeeze(1)
+    whole -= inside[:, cols].sum(1)  # integer counts: exact
+    return per_position * _f64(whole) + _credit_spilling_runs(
+        block[:, cols], lo_v[cols], hi_v[cols], p0, p1, per_position)
+
+
+def _credit_spilling_runs(block: Any, lo_v: Any, hi_v: Any, p0: int, p1: int, per_position: float) -> Any:
+    """:func:`_credit_one_range` for any columns: a value strictly inside ``(lo, hi)`` in full, and
+    the ``run`` rows equal to ``lo`` (or ``hi``), at sorted positions ``[below, below + run)``,
+    ``per_position * |[below, below + run) & [p0, p1)| / run`` each."""
+    counts = per_position * _f64(((block > lo_v) & (block < hi_v)).sum(1))
     for value, first in ((lo_v, True), (hi_v, False)):
         equal = block == value
         if not first:
             equal &= (lo_v != hi_v)  # a == b: the one run was credited with a
-        below = (block < value).sum(dim=0)
-        run = equal.sum(dim=0).clamp(min=1)  # >= 1 but where a == b masked b's run out
-        overlap = (torch.clamp(below + run, max=p1) - torch.clamp(below, min=p0)).to(torch.float64)
-        counts += equal.to(torch.float64) @ (per_position * overlap / run.to(torch.float64))
+        below = (block < value).sum(0)
+        run = equal.sum(0).clip(min=1)  # >= 1 but where a == b masked b's run out
+        overlap = _f64((below + run).clip(max=p1) - below.clip(min=p0))
+        counts = counts + _f64(equal) @ (per_position * overlap / _f64(run))
     return counts
 
 
