@@ -93,3 +93,27 @@ def test_one_reproduction_cell_runs_at_a_few_steps(tmp_path):
     s = train(cfg, out_dir=tmp_path / "run", quiet=True)
     assert (s["rule"], s["attack"], s["n"], s["byzantine"], s["steps"]) == ("krum", "fang_krum", 20, 4, 3)
     assert 0.0 <= s["final_test_acc"] <= 1.0
+
+
+REPRODUCTIONS = ("repro_fang2020_fmnist", "repro_fltrust2021_fmnist", "repro_allouah2023_fmnist",
+                 "repro_shejwalkar2021_fmnist")
+
+
+@pytest.mark.parametrize("experiment", REPRODUCTIONS)
+def test_every_rule_of_every_reproduction_sweep_validates(experiment, tmp_path):
+    """Each rule of a committed reproduction sweep, with its first attack, passes the app's checks
+    before launch (a setting meant for one rule, such as FLTrust's root set, once stopped a whole
+    sweep at its first cell)."""
+    from omegaconf import OmegaConf
+
+    from experiments.wiring import validate
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        params = OmegaConf.to_container(compose("config", overrides=[f"+experiment={experiment}"],
+                                                return_hydra_config=True).hydra.sweeper.params)
+    sweep = {str(k): str(v).split(",") for k, v in params.items()}
+    fixed = [f"{k}={v[0]}" for k, v in sweep.items() if k != "+experiment/rule"]
+    for rule in sweep["+experiment/rule"]:
+        plan = validate(_cfg(f"+experiment={experiment}", f"+experiment/rule={rule}", *fixed),
+                        out_dir=str(tmp_path / rule))
+        assert plan.n >= 1, rule
