@@ -170,6 +170,27 @@ def _worst_case(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rule_by_attack(folder: Path) -> str:
+    """Rules x attacks: final test accuracy (%), mean ± standard deviation over the seeds that ran
+    (their count after it), from ``results.csv`` (a reproduction's table; its runs that were skipped
+    or diverged are not averaged, and a cell without a finished run is ``—``)."""
+    from .report_tables import RULE_ORDER
+
+    t = pd.read_csv(folder / "results.csv")
+    t = t[t["status"] == "ok"]
+    attacks = ["none"] + sorted(set(t["attack"]) - {"none"})
+    rules = [r for r in RULE_ORDER if r in set(t["rule"])] + sorted(set(t["rule"]) - set(RULE_ORDER))
+    lines = ["| rule | " + " | ".join(attacks) + " |", "|---|" + "---:|" * len(attacks)]
+    for rule in rules:
+        cells = [rule]
+        for attack in attacks:
+            acc = t[(t["rule"] == rule) & (t["attack"] == attack)]["final_acc"]
+            cells.append(f"{_pm(100 * acc.mean(), 100 * acc.std() if len(acc) > 1 else 0.0)} ({len(acc)})"
+                         if len(acc) else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _cost(folder: Path) -> str:
     c = json.loads((folder / "cost.json").read_text())
     status = ", ".join(f"{v} {k}" for k, v in c["status"].items())
@@ -198,6 +219,8 @@ RENDERERS: dict[str, tuple[str, Callable[[Path], str]]] = {
     "fmnist_cost": ("fmnist_benchmark", _cost),
     "tour_fmnist": ("tour_fmnist.json", _tour),
     "byzfl_accuracy": ("byzfl_accuracy.csv", _byzfl),
+    "repro_fang2020": ("repro_fang2020_fmnist", _rule_by_attack),
+    "repro_shejwalkar2021": ("repro_shejwalkar2021_fmnist", _rule_by_attack),
 }
 
 

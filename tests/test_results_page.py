@@ -99,3 +99,22 @@ def test_collect_merges_shards_a_newer_run_of_a_cell_replaces_the_older(tmp_path
     again = rp.collect("bench", second, results=results)  # collecting the same shard twice changes nothing
     assert len(pd.read_csv(again / "results.csv")) == 4
     assert json.loads((again / "cost.json").read_text())["cpu_seconds"] == 14.0
+
+
+def test_rule_by_attack_averages_finished_seeds_by_hand(tmp_path):
+    # krum/none: seeds 0.80 and 0.70 -> 75.0 ± 7.1 (sample std of 80, 70 = 7.07); krum/alie one seed
+    # 0.30 -> 30.0 ± 0.0 (1); a diverged run is not averaged; median/alie has no finished run -> —
+    folder = tmp_path / "repro"
+    folder.mkdir()
+    pd.DataFrame([
+        {"rule": "krum", "attack": "none", "seed": 0, "status": "ok", "final_acc": 0.80},
+        {"rule": "krum", "attack": "none", "seed": 1, "status": "ok", "final_acc": 0.70},
+        {"rule": "krum", "attack": "alie", "seed": 0, "status": "ok", "final_acc": 0.30},
+        {"rule": "krum", "attack": "alie", "seed": 1, "status": "diverged", "final_acc": 0.10},
+        {"rule": "coordinate_median", "attack": "none", "seed": 0, "status": "ok", "final_acc": 0.5},
+        {"rule": "coordinate_median", "attack": "alie", "seed": 0, "status": "skipped", "final_acc": float("nan")},
+    ]).to_csv(folder / "results.csv", index=False)
+    assert rp._rule_by_attack(folder).splitlines() == [
+        "| rule | none | alie |", "|---|---:|---:|",
+        "| coordinate_median | 50.0 ± 0.0 (1) | — |",
+        "| krum | 75.0 ± 7.1 (2) | 30.0 ± 0.0 (1) |"]
