@@ -114,6 +114,6 @@ def test_every_rule_of_every_reproduction_sweep_validates(experiment, tmp_path):
     sweep = {str(k): str(v).split(",") for k, v in params.items()}
     fixed = [f"{k}={v[0]}" for k, v in sweep.items() if k != "+experiment/rule"]
     for rule in sweep["+experiment/rule"]:
-        plan = validate(_cfg(f"+experiment={experiment}", f"+experiment/rule={rule}", *fixed),
-                        out_dir=str(tmp_path / rule))
-        assert plan.n >= 1, rule
+        cfg = _cfg(f"+experiment={experiment}", f"+experiment/rule={rule}", *fixed)
+        plan = validate(cfg, out_dir=str(tmp_path / rule))
+        assert (plan.n, plan.f) == (cfg.threat.n, cfg.threat.f), rule

@@ -82,10 +82,13 @@ def order_statistic_weights(x: torch.Tensor, positions: list[int], per_position:
 
     Raises:
         ValueError: ``positions`` is empty or has a position outside ``[0, n)``.
+
+    Needs no (n, f) assumption of its own (the rule that calls it checks its requirement). Source:
+    this project's suppression metric (``docs/metrics.md``); the ties convention is the project's.
     """
     n, d = x.shape
     if not positions or min(positions) < 0 or max(positions) >= n:
-        raise ValueError(f"positions must be a non-empty list of sorted positions inside [0, {n}), got {positions}")
+        raise ValueError(f"positions must be a non-empty list of sorted-order positions inside [0, {n}), got {positions}")
     runs = _contiguous_runs(positions)
     counts = torch.zeros(n, dtype=torch.float64, device=x.device)
     if d == 0:
