@@ -255,7 +255,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r.add_argument("--check", action="store_true")
     a = p.parse_args(argv)
     if a.cmd == "collect":
-        print(f"kept: {collect(a.name, a.sweep)}")
+        from robustagg.errors import ConfigError
+
+        try:
+            print(f"kept: {collect(a.name, a.sweep)}")
+        except ConfigError as exc:  # a wrong folder is the user's input: its message, not a traceback
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     stale = 0
     for page in PAGES:

@@ -118,3 +118,9 @@ def test_rule_by_attack_averages_finished_seeds_by_hand(tmp_path):
         "| rule | none | alie |", "|---|---:|---:|",
         "| coordinate_median | 50.0 ± 0.0 (1) | — |",
         "| krum | 75.0 ± 7.1 (2) | 30.0 ± 0.0 (1) |"]
+
+
+def test_collect_from_a_missing_folder_says_so_without_a_traceback(tmp_path, capsys):
+    assert rp.main(["collect", "bench", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the sweep folder") and "Traceback" not in err
