@@ -322,6 +322,11 @@ class TrainerConf:
             its disk copy is older or missing (SHA-256 checked against the committed manifests).
         membership: simulated mode: absences ``[{workers: [ids], absent: [a, b]}]`` (absent in the
             1-based steps a..b-1; b = 0: for good), the reference run of a shrink and a rejoin.
+        aggregator_replicas, lying_aggregators, on_aggregate_mismatch, on_lying_aggregator: no
+            trusted aggregator (:mod:`robustagg.distributed.vote`): ``r_a`` ranks compute each
+            coordinate slice (``reduction=sharded``, coordinate-wise rules), ``f_a`` the declared
+            lying aggregator ranks (``r_a >= 2 f_a + 1`` under ``vote``), ``abort`` or ``vote`` on a
+            disagreement, ``continue`` with or ``exclude`` a named rank (needs ``on_failure=shrink``).
     """
 
     mode: Mode = Mode.processes
@@ -365,6 +370,10 @@ class TrainerConf:
     rejoin: bool = False
     peer_copy: bool = False
     membership: List[Any] = field(default_factory=list)
+    aggregator_replicas: int = 1
+    lying_aggregators: int = 0
+    on_aggregate_mismatch: str = "abort"
+    on_lying_aggregator: str = "continue"
 
 
 @dataclass
@@ -372,10 +381,11 @@ class FaultConf:
     """One injected fault (``conf/faults/``; see :class:`robustagg.training.Fault`).
 
     Attributes:
-        kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``compute_corrupt``, ``common_mode``,
+        kind: ``crash``, ``hang``, ``desync``, ``corrupt``, ``nan``, ``compute_corrupt``, ``common_mode``, ``aggregator_lie``,
             ``checkpoint_crash``, ``checkpoint_corrupt``, ``partition`` or ``rejoin``.
         rank: the worker it hits. step: the 1-based step (checkpoint kinds: the checkpoint's step).
-        where, how: ``crash``: ``before_step``/``after_reduce``/``after_step``; ``sigkill``/``exit``.
+        where, how: ``crash``: ``before_step``/``after_reduce``/``after_step``; ``sigkill``/``exit``;
+            ``aggregator_lie``: how it lies, ``scale``/``sign_flip``/``stale``/``last_bits``.
         seconds: ``hang``; ``rejoin``: after how long the replacement comes back.
         mode: ``desync`` (``skip``/``reorder``). bits: ``corrupt``.
         phase: ``checkpoint_crash`` (``files``/``commit``). file: ``checkpoint_corrupt``.

@@ -49,9 +49,11 @@ def check_faults(cfg: DictConfig, n: int, *, under_torchrun: bool = False) -> li
             raise ConfigError(f"faults.{name}: a rejoin needs trainer.on_failure=shrink and trainer.rejoin=true (the "
                               "survivors continue without the worker, then its replacement joins them).")
         faults.append(fault)
-    if faults and Mode(tr.mode) is not Mode.processes:
-        raise ConfigError("fault injection needs trainer.mode=processes: faults kill, stall or desynchronise real "
-                          "worker processes (the simulated mode hosts every worker in one process).")
+    in_process = [f for f in faults if f.kind not in SIMULATED_KINDS]
+    if in_process and Mode(tr.mode) is not Mode.processes:
+        raise ConfigError("fault injection needs trainer.mode=processes for "
+                          f"{', '.join(sorted({f.kind for f in in_process}))}: faults kill, stall or desynchronise real worker processes (the "
+                          f"simulated mode hosts every worker in one process; it replays {', '.join(SIMULATED_KINDS)}).")
     if under_torchrun and bool(tr.rejoin):
         raise ConfigError("trainer.rejoin=true is not available under torchrun: torchrun's elastic agent restarts the "
                           "whole worker group on a membership change (abort and restore) and cannot add a process to "
@@ -61,6 +63,10 @@ def check_faults(cfg: DictConfig, n: int, *, under_torchrun: bool = False) -> li
         raise ConfigError("trainer.on_failure=shrink needs the app's own launcher (trainer.mode=processes, not under "
                           "torchrun): it restarts the surviving workers as a smaller group.")
     return faults
+
+
+#: Fault kinds the simulated mode replays too (they change a value, not a process).
+SIMULATED_KINDS = ("aggregator_lie",)
 
 
 def _check_partition(name: str, fault: Fault, n: int, on_failure: str) -> None:

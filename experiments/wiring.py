@@ -229,7 +229,8 @@ SETTING_KEYS: dict[str, str] = {
                                    "start_method", "collective_timeout_s", "master_addr", "port", "resume",
                                    "resume_changes", "max_restarts", "on_failure", "shrink_shards", "straggler_factor",
                                    "processes", "measure_bias", "precision", "rejoin", "peer_copy",
-                                   "membership", "batched_gradients")},
+                                   "membership", "batched_gradients", "aggregator_replicas", "lying_aggregators",
+                                   "on_aggregate_mismatch", "on_lying_aggregator")},
     "seed": "seed", "checkpoint_every": "trainer.checkpoint.every", "checkpoint_keep": "trainer.checkpoint.keep",
     "ckpt_dir": "trainer.checkpoint.dir", "logger": "logger",
 }
@@ -327,6 +328,8 @@ class Plan:
             processes=int(tr.processes), measure_bias=bool(tr.measure_bias), precision=str(tr.precision),
             batched_gradients=bool(tr.batched_gradients), rejoin=bool(tr.rejoin), peer_copy=bool(tr.peer_copy),
             membership=OmegaConf.to_container(tr.membership, resolve=True) if tr.membership else [],
+            aggregator_replicas=int(tr.aggregator_replicas), lying_aggregators=int(tr.lying_aggregators),
+            on_aggregate_mismatch=str(tr.on_aggregate_mismatch), on_lying_aggregator=str(tr.on_lying_aggregator),
             logger=self.logger(), key_names=SETTING_KEYS)
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),

@@ -46,6 +46,19 @@ class ReplicaVoteError(IntegrityError):
     """A replica group of ``protocol=redundant`` has no bit-identical majority (``on_no_majority=abort``)."""
 
 
+class LyingAggregatorError(DesyncError):
+    """The aggregate cross-check named lying aggregator ranks and ``on_lying_aggregator=exclude`` removes them.
+
+    Attributes:
+        ranks: the named ranks (ascending). step: the 0-based step id at which they were named.
+    """
+
+    def __init__(self, message: str, *, ranks: "list[int] | tuple[int, ...]" = (), step: int = 0) -> None:
+        super().__init__(message)
+        self.ranks = sorted(int(r) for r in ranks)
+        self.step = int(step)
+
+
 class CheckpointError(RobustAggError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or of an incompatible format."""
 

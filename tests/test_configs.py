@@ -268,7 +268,7 @@ def test_a_group_option_that_does_not_exist_lists_the_options():
         _compose(["faults=[crashh]"])
     assert "crash_between" not in str(info.value)
     with pytest.raises(ConfigError, match=r"^faults=\[crash,crashh\]: conf/faults/ has no option 'crashh' \(did you "
-                                          r"mean crash\?\); the options: checkpoint_corrupt, "
+                                          r"mean crash\?\); the options: aggregator_lie, checkpoint_corrupt, "
                                           r"checkpoint_crash, common_mode, compute_corrupt, corrupt, crash, "
                                           r"crash_between, desync, hang, none, nonfinite, partition, rejoin\.$"):
         check_group_choices(["trainer.steps=3", "faults=[crash,crashh]"])

@@ -94,7 +94,7 @@ class GatherReduction(Reduction):
             x, inputs = transform(x, kept, [sums[i] for i in kept_rows])
             rule_input = x
         weights = self.rule.weights(x) if want_weights else None  # before the call: stateful rules
-        aggregate = self.rule(x)
+        aggregate = self._cross_check(self.rule(x), step)
         digest = checksum(aggregate)
         self.last_digest = digest
         return Reduced(aggregate=aggregate, step=step, seq=seq, headers=headers, matrix=matrix, kept=kept,

@@ -35,6 +35,7 @@ from .comm import Communicator, LocalComm
 from .header import (HEADER_LEN, Header, check_headers, decode_headers, dtype_code, dtype_of, encode_headers,
                      step_name)
 from .sharded import AUTO_MIN_D, supports_sharding
+from .vote import AggregatorCheck
 
 __all__ = ["NonFinitePolicy", "Reduced", "Reduction", "register_reduction", "reduction_modes", "make_reduction",
            "frame", "unframe", "TAG_REDUCTION", "Transform"]
@@ -212,6 +213,25 @@ class Reduction(abc.ABC):
         #: The headers of the last :meth:`announce` (who submits, length, dtype): the same step's
         #: :meth:`share` gathers those members' rows.
         self._announced: list[Header] = []
+        #: The cross-check of the aggregate (no trusted aggregator: replicas, the vote, injected lies);
+        #: off by default (``abort``: the next header's digest check, no extra collective).
+        self.check = AggregatorCheck()
+
+    def _placement(self, d: int) -> list[tuple[int, int, tuple[int, ...]]]:
+        """``(start, end, holders)`` of every slice of a ``d``-long aggregate as the process-group run would
+        compute it (gather: one slice, every rank a holder); the simulated cross-check replays it."""
+        return [(0, d, tuple(range(self.comm.world_size)))]
+
+    def _cross_check(self, aggregate: torch.Tensor, step: int) -> torch.Tensor:
+        """The aggregate this rank applies after the cross-check of :attr:`check` (see
+        :mod:`~robustagg.distributed.vote`); ``aggregate`` itself when nothing is checked."""
+        chk = self.check
+        if not chk.lies and chk.on_mismatch == "abort":
+            chk.begin()
+            return aggregate
+        if self.comm.num_processes == 1:
+            return chk.settle_local(aggregate, step, self._placement(aggregate.numel()))
+        return chk.settle_gathered(aggregate, step, self.comm)
 
     def announce(self, rows: Mapping[int, torch.Tensor], *, step: int,
                  aux: Optional[Mapping[int, tuple[float, float]]] = None, stop: int = 0,

@@ -96,6 +96,13 @@ class RunSettings:
             workers it holds in the ring; a replacement takes it when its disk copy is older or
             missing, after checking its SHA-256 against the committed manifests
             (:mod:`~robustagg.launch.peer`).
+        aggregator_replicas: ``r_a``, ranks that compute each coordinate slice of the aggregate
+            (``reduction=sharded``, coordinate-wise rules; 1: each slice once, not cross-checked).
+        lying_aggregators: ``f_a``, the declared number of lying aggregator ranks; the requirement
+            ``r_a >= 2 f_a + 1`` (``vote``) or ``r_a >= f_a + 1`` (``abort``) is checked before
+            launch (:meth:`Job.aggregator_requirement`). on_aggregate_mismatch: ``abort`` or ``vote``.
+            on_lying_aggregator: ``continue`` or ``exclude`` (the launcher shrinks the named ranks out:
+            needs ``on_failure="shrink"`` and a restart). See :mod:`~robustagg.distributed.vote`.
         membership: simulated mode: a schedule of absences ``[{"workers": [ids], "absent": [a, b]}]``
             (workers absent in the 1-based steps ``a .. b-1``), the reference of a run that shrank
             and grew (:mod:`~robustagg.launch.schedule`).
@@ -145,6 +152,11 @@ class RunSettings:
     batched_gradients: bool = False
     rejoin: bool = False
     peer_copy: bool = False
+    aggregator_replicas: int = field(default=1, metadata=limit(1, None, "ranks that compute each slice of the aggregate",
+                                                               integer=True))
+    lying_aggregators: int = field(default=0, metadata=limit(0, None, "declared lying aggregator ranks", integer=True))
+    on_aggregate_mismatch: str = "abort"
+    on_lying_aggregator: str = "continue"
     membership: list[Any] = field(default_factory=list)
     logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     key_names: dict[str, str] = field(default_factory=dict)
@@ -167,7 +179,8 @@ class RunSettings:
         choices = {"mode": ("processes", "simulated"), "on_nonfinite": ("abort", "drop"),
                    "device": ("cpu", "cuda"), "backend": ("gloo", "nccl"),
                    "start_method": ("auto", "fork", "spawn", "forkserver"), "resume_changes": ("refuse", "allow"),
-                   "on_failure": ("restart", "shrink"), "shrink_shards": ("drop", "redistribute")}
+                   "on_failure": ("restart", "shrink"), "shrink_shards": ("drop", "redistribute"),
+                   "on_aggregate_mismatch": ("abort", "vote"), "on_lying_aggregator": ("continue", "exclude")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{self.key(key)} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}.")
@@ -176,6 +189,19 @@ class RunSettings:
         if self.rejoin and self.on_failure != "shrink":
             raise ConfigError(f"{self.key('rejoin')}=true needs {self.key('on_failure')}=shrink (a lost worker first "
                               f"leaves the group, then its replacement joins it); got on_failure={self.on_failure}.")
+        if self.on_lying_aggregator == "exclude" and (self.mode != "processes" or self.on_failure != "shrink"
+                                                      or int(self.max_restarts) < 1
+                                                      or self.on_aggregate_mismatch != "vote"):
+            raise ConfigError(f"{self.key('on_lying_aggregator')}=exclude removes a named rank through the launcher's "
+                              f"shrink path: it needs {self.key('mode')}=processes, {self.key('on_failure')}=shrink, "
+                              f"{self.key('max_restarts')} >= 1 and {self.key('on_aggregate_mismatch')}=vote (a rank is "
+                              f"named only by a vote); got mode={self.mode}, on_failure={self.on_failure}, "
+                              f"max_restarts={self.max_restarts}, on_aggregate_mismatch={self.on_aggregate_mismatch}.")
+        if int(self.aggregator_replicas) > 1 and self.reduction == "gather":
+            raise ConfigError(f"{self.key('aggregator_replicas')}={self.aggregator_replicas} replicates the slices of "
+                              f"{self.key('reduction')}=sharded; with gather every rank computes the whole aggregate "
+                              f"already: set {self.key('on_aggregate_mismatch')}=vote to outvote a lying rank, or "
+                              f"{self.key('reduction')}=sharded.")
         if self.peer_copy and not self.rejoin:
             raise ConfigError(f"{self.key('peer_copy')}=true keeps the lost workers' own state for their replacements: "
                               f"it needs {self.key('rejoin')}=true (and {self.key('on_failure')}=shrink).")
@@ -325,6 +351,7 @@ class Job:
         self.processes()  # refuse trainer.processes > n in either mode, not only when processes start
         if self.settings.membership:  # worker ids and "one must remain" need n: checked here, before launch
             self._check_schedule()
+        self.aggregator_requirement()  # no trusted aggregator: r_a against f_a, before any process starts
         for fault in self.faults:  # a grow boundary the run never reaches: the replacement would never join
             if int(fault.join_step) >= int(self.settings.steps) > 0:
                 raise ConfigError(f"fault {fault.id}: join_step={fault.join_step} is not before the run's last step "
@@ -376,6 +403,61 @@ class Job:
         import os
 
         return self.settings.ckpt_dir or os.path.join(self.run_dir, "checkpoints")
+
+    def aggregator_requirement(self) -> dict[str, Any]:
+        """Check the cross-check of the aggregate against the declared lying aggregators (before launch).
+
+        The replicas ``r_a`` of every slice: ``settings.aggregator_replicas`` where the reduction
+        shards (``sharded``, or ``auto`` with a rule that shards), else every rank (gather: ``n``
+        replicas of the whole aggregate). The requirement (:func:`~robustagg.distributed.vote.aggregator_requirement`)
+        is ``r_a >= 2 f_a + 1`` under ``vote`` and ``r_a >= f_a + 1`` under ``abort``.
+
+        Returns:
+            the summary's ``aggregator_check`` block: ``replicas``, ``lying_aggregators``,
+            ``on_aggregate_mismatch``, ``on_lying_aggregator``, ``requirement``, ``holds``.
+
+        Raises:
+            ConfigError: replicas above ``n``; replicas, a vote, an exclusion or an ``aggregator_lie``
+                fault where processes host several workers (the cross-check compares processes);
+                replicas with a rule that is not coordinate-wise.
+            AssumptionError: the requirement fails and the rule is strict (``strict=false``:
+                warned about and recorded in :attr:`violations`).
+        """
+        from ..distributed.sharded import supports_sharding
+        from ..distributed.vote import aggregator_requirement
+
+        s = self.settings
+        r, fa, policy = int(s.aggregator_replicas), int(s.lying_aggregators), str(s.on_aggregate_mismatch)
+        lies = [f for f in self.faults if f.kind == "aggregator_lie"]
+        if r > self.n:
+            raise ConfigError(f"{s.key('aggregator_replicas')}={r} exceeds the n={self.n} ranks: no two replicas of a "
+                              f"slice may share a rank; use a value in [1, {self.n}].")
+        checked = r > 1 or policy == "vote" or s.on_lying_aggregator == "exclude" or lies
+        if checked and s.mode == "processes" and self.hosts() is not None:
+            raise ConfigError(f"the aggregate cross-check ({s.key('aggregator_replicas')}, {s.key('on_aggregate_mismatch')}"
+                              f", aggregator_lie faults) compares processes, one worker each: set "
+                              f"{s.key('processes')}=0.")
+        if r > 1 and self.rule is not None and not self.rule.coordinatewise:
+            raise ConfigError(f"{s.key('aggregator_replicas')}={r} replicates coordinate-wise rules only (mean, median, "
+                              f"trimmed mean, MeaMed); {type(self.rule).__name__} needs global statistics whose partial "
+                              f"sums are not replicated. Use {s.key('reduction')}=gather with "
+                              f"{s.key('on_aggregate_mismatch')}=vote.")
+        sharded = s.reduction == "sharded" or (s.reduction == "auto" and self.rule is not None
+                                               and supports_sharding(self.rule))
+        replicas = r if sharded else self.n
+        text, holds = aggregator_requirement(replicas, fa, policy)
+        block = {"replicas": replicas, "lying_aggregators": fa, "on_aggregate_mismatch": policy,
+                 "on_lying_aggregator": str(s.on_lying_aggregator), "requirement": text, "holds": holds}
+        if not holds and fa > 0:
+            msg = (f"aggregate cross-check requires {text}: {fa} lying aggregator rank(s) can "
+                   f"{'win a slice vote' if policy == 'vote' else 'go undetected'}. Raise "
+                   f"{s.key('aggregator_replicas')}, lower {s.key('lying_aggregators')}, or pass strict=False.")
+            if self.rule is None or getattr(self.rule, "strict", True):
+                raise AssumptionError(msg)
+            warnings.warn(msg, AssumptionWarning, stacklevel=2)
+            if msg not in self.violations:
+                self.violations.append(msg)
+        return block
 
     def check_rule(self, n: Optional[int] = None) -> list[str]:
         """The rule's requirement at ``n`` workers (default: this job's); violations allowed by ``strict=False``.

@@ -297,6 +297,8 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
             lost = [job.identities[w] for w in range(job.n) if hosts[w] in exc.lost]
             # a replacement (after the members' processes) that died is gone too, though it was not a member yet
             gone = [int(attempt.joiners[i - job.processes()]["worker"]) for i in exc.lost if i >= job.processes()]
+            if exc.error_type == "LyingAggregatorError":  # on_lying_aggregator=exclude: the named ranks leave
+                lost = sorted(set(lost) | set(_named_liars(job, out, attempt.number)))
             last = last_step_reached(out)
             more = attempt.number < int(s.max_restarts) and exc.error_type not in _NOT_RESTARTED
             try:
@@ -338,6 +340,17 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
                               membership=None if change is None else dict(attempt.membership or {},
                                                                            epoch=change["epoch"][1]))
     return dict(json.loads((out / "summary.json").read_text()))
+
+
+def _named_liars(job: Job, out: Path, attempt: int) -> list[int]:
+    """The worker ids the aggregate cross-check of ``attempt`` named for exclusion (its in-run
+    ``lying_aggregator`` records in ``detections.jsonl``, written before the attempt stopped)."""
+    named = set()
+    for rec in read_jsonl(out / "detections.jsonl"):
+        if (rec.get("kind") == "lying_aggregator" and rec.get("action") == "excluded"
+                and rec.get("attempt") == attempt and rec.get("source") == "in-run"):
+            named.update(job.identities[int(r)] for r in rec.get("ranks", []) if 0 <= int(r) < job.n)
+    return sorted(named)
 
 
 def _rejoin_timing(job: Job, worker: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import torch
 
 from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl, sha256_bytes
 from ..distributed import Communicator, LocalComm, ProcessGroupComm, ShardedReduction, make_reduction
+from ..distributed.vote import AggregatorCheck
 from ..errors import AssumptionWarning, CheckpointError, ConfigError, Interrupted, QuorumLostError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
@@ -93,6 +94,8 @@ def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: A
                               "use trainer.reduction=gather (or auto).")
         mode = "gather"
     reduction = make_reduction(mode, rule, comm, on_nonfinite=str(s.on_nonfinite))
+    reduction.check = AggregatorCheck(replicas=int(s.aggregator_replicas), on_mismatch=str(s.on_aggregate_mismatch),
+                                      on_liar=str(s.on_lying_aggregator))
     sharded_metrics = False
     if isinstance(reduction, ShardedReduction):
         reduction.metrics = bool(s.metrics)  # its moments and shares cost collectives on every rank
@@ -311,6 +314,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                         "faults": {"injected": fired_faults(None if store is None else store.root / FAULT_LOG),
                                    **detected_faults(read_jsonl(out / "detections.jsonl"))},
                         "straggler": stragglers.report() if stragglers is not None else {},
+                        "aggregator_check": job.aggregator_requirement(),
                         "checkpoint_dir": None if store is None else str(store.root)})
         if grown is not None:
             summary["grown"] = grown

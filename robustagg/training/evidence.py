@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 import numpy as np
 
 from ..checkpoint import atomic_write_json, read_regular
-from ..errors import (AssumptionError, CheckpointError, DesyncError, IntegrityError, Interrupted, NonFiniteInputError,
-                      QuorumLostError)
+from ..errors import (AssumptionError, CheckpointError, DesyncError, IntegrityError, Interrupted, LyingAggregatorError,
+                      NonFiniteInputError, QuorumLostError)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .trainer import Trainer
@@ -35,12 +35,13 @@ __all__ = ["failure_kind", "build_evidence", "write_evidence", "read_evidence", 
            "StragglerLog"]
 
 #: From most to least specific: the kind a detection record reports when ranks saw different ones.
-_PRIORITY = ("desync", "corruption", "nonfinite", "requirement", "checkpoint", "partition", "quorum_lost", "error", "timeout", "peer_lost",
+_PRIORITY = ("lying_aggregator", "desync", "corruption", "nonfinite", "requirement", "checkpoint", "partition", "quorum_lost", "error", "timeout", "peer_lost",
              "terminated", "interrupted")
 
 
 def failure_kind(exc: BaseException) -> str:
-    """Classify an exception: ``desync``, ``corruption``, ``nonfinite``, ``requirement``,
+    """Classify an exception: ``lying_aggregator`` (the aggregate cross-check named ranks to exclude,
+    :class:`~robustagg.errors.LyingAggregatorError`), ``desync``, ``corruption``, ``nonfinite``, ``requirement``,
     ``checkpoint``, ``partition`` (an injected cut blocked the collective), ``quorum_lost`` (this side
     holds no strict majority of the membership), ``timeout`` / ``peer_lost`` (a collective failed: timed out, or a peer's
     connection closed), ``terminated`` (SIGTERM during a teardown), ``interrupted`` (a requested stop,
@@ -54,6 +55,8 @@ def failure_kind(exc: BaseException) -> str:
     from ..distributed.comm import CollectiveError
     from ..distributed.launch import TerminatedError
 
+    if isinstance(exc, LyingAggregatorError):
+        return "lying_aggregator"
     if isinstance(exc, DesyncError):
         return "desync"
     if isinstance(exc, NonFiniteInputError):

@@ -18,6 +18,7 @@ after a restore does not fire it again.
 | ``nan`` | its submission becomes non-finite (one coordinate set to NaN) |
 | ``compute_corrupt`` | a silent error in its gradient arithmetic: one coordinate (chosen from ``(rank, step)``) gets ``+1.0`` *before* the checksum is taken, so every integrity check passes; only a replica vote (``protocol=redundant``) can catch it |
 | ``common_mode`` | the same deterministic corruption (one coordinate chosen from ``(rank, step)``, ``+1.0``) on worker ``rank`` *and every replica of its group* (:attr:`FaultInjector.peers`; a shared bug or bad input): the replicas still agree, so the vote does not catch it |
+| ``aggregator_lie`` | a lying aggregator: the aggregate (gather) or every slice it computes (sharded) that this rank hands on is wrong (``how``: ``scale`` = times 2, ``sign_flip``, ``stale`` = the previous step's aggregate, zeros at the first step, ``last_bits`` = the lowest bit of one coordinate flipped); caught by ``trainer.on_aggregate_mismatch`` (:mod:`~robustagg.distributed.vote`), not by any integrity check |
 | ``checkpoint_crash`` | it dies while writing the checkpoint of step ``step`` (``phase``: ``files`` = mid-way through its own files; ``commit`` = rank 0 after writing the manifest, before the rename that commits it) |
 | ``checkpoint_corrupt`` | after the checkpoint of step ``step`` is committed, one byte of one of its files is flipped on disk (``file``; default this rank's own ``rank-<r>.pt``) |
 | ``rejoin`` | the process dies (SIGKILL) at the start of the step, like ``crash``; with ``trainer.on_failure=shrink`` and ``trainer.rejoin=true`` the launcher starts its replacement ``seconds`` after the survivors restart, and it joins the running group from a live peer (:mod:`robustagg.launch.grow`) |
@@ -58,17 +59,19 @@ class _HasComm(Protocol):
 
     comm: Any
 
-__all__ = ["KINDS", "MEMBERSHIP_KINDS", "Fault", "FaultInjector", "PartitionedError", "Partition", "fired_faults"]
+__all__ = ["KINDS", "LIES", "MEMBERSHIP_KINDS", "Fault", "FaultInjector", "PartitionedError", "Partition", "fired_faults"]
 
 #: Every fault kind, in the order of the table above.
 KINDS: tuple[str, ...] = ("crash", "hang", "desync", "corrupt", "nan", "compute_corrupt", "common_mode",
-                          "checkpoint_crash", "checkpoint_corrupt")
+                          "aggregator_lie", "checkpoint_crash", "checkpoint_corrupt")
 # --- membership faults (issue 17): their own block, checks and hook ------------------------------
 #: Fault kinds that change who can reach whom (checked by :func:`_membership_problems`).
 MEMBERSHIP_KINDS = ("partition", "rejoin")
 KINDS = KINDS + MEMBERSHIP_KINDS
 _WHERE = ("before_step", "after_reduce", "after_step", "after_commit")
 _HOW = ("sigkill", "exit")
+#: ``aggregator_lie``'s ways to lie (its ``how``).
+LIES = ("scale", "sign_flip", "stale", "last_bits")
 _EXIT_CODE = 71
 _HINT = " (did you mean {}?)"
 
@@ -91,7 +94,8 @@ class Fault:
         step: the 1-based number of the training step (checkpoint kinds: the checkpoint's step).
         where: ``crash`` only: ``before_step``, ``after_reduce``, ``after_step`` or ``after_commit``
             (right after the commit of the checkpoint of step ``step``; needs a checkpoint there).
-        how: ``crash`` and ``checkpoint_crash``: ``sigkill`` or ``exit``.
+        how: ``crash`` and ``checkpoint_crash``: ``sigkill`` or ``exit``; ``aggregator_lie``: one of
+            :data:`LIES` (default ``scale``).
         seconds: ``hang`` only: how long the worker stalls (> 0).
         mode: ``desync`` only: ``skip`` or ``reorder``.
         bits: ``corrupt`` only: bits flipped in the frame (>= 1).
@@ -114,11 +118,11 @@ class Fault:
         >>> Fault("melt", rank=0, step=1)
         Traceback (most recent call last):
         ...
-        robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, checkpoint_crash, checkpoint_corrupt, partition, rejoin.
+        robustagg.errors.ConfigError: unknown fault kind 'melt'; choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, aggregator_lie, checkpoint_crash, checkpoint_corrupt, partition, rejoin.
         >>> Fault("crashh", rank=0, step=1)
         Traceback (most recent call last):
         ...
-        robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, checkpoint_crash, checkpoint_corrupt, partition, rejoin.
+        robustagg.errors.ConfigError: unknown fault kind 'crashh' (did you mean crash?); choose one of crash, hang, desync, corrupt, nan, compute_corrupt, common_mode, aggregator_lie, checkpoint_crash, checkpoint_corrupt, partition, rejoin.
         >>> Fault("partition", step=3, workers=[5, 4]).describe()
         {'id': 'partition@0:3', 'kind': 'partition', 'rank': 0, 'step': 3, 'workers': [4, 5], 'seconds': 1.0, 'join_step': 0}
     """
@@ -138,6 +142,9 @@ class Fault:
     join_step: int = 0
 
     def __post_init__(self) -> None:
+        lie = self.kind == "aggregator_lie"
+        if lie and self.how == "sigkill":
+            object.__setattr__(self, "how", "scale")  # the dataclass default is a crash's
         checks = [
             (self.kind in KINDS, f"unknown fault kind {self.kind!r}{_near(str(self.kind), KINDS, _HINT)}; "
                                  f"choose one of {', '.join(KINDS)}."),
@@ -145,7 +152,9 @@ class Fault:
             (int(self.step) >= 1, f"fault {self.id}: step must be >= 1 (the 1-based step number); got {self.step}."),
             (self.where in _WHERE, f"fault {self.id}: where must be one of {', '.join(_WHERE)}; got {self.where!r}"
                                    f"{_near(str(self.where), _WHERE, _HINT)}."),
-            (self.how in _HOW, f"fault {self.id}: how must be sigkill or exit; got {self.how!r}."),
+            (lie or self.how in _HOW, f"fault {self.id}: how must be sigkill or exit; got {self.how!r}."),
+            (not lie or self.how in LIES, f"fault {self.id}: how must be one of {', '.join(LIES)}; got {self.how!r}"
+                                          f"{_near(str(self.how), LIES, _HINT)}."),
             (0 < float(self.seconds) < float("inf"), f"fault {self.id}: seconds must be > 0 and finite; got "
                                                      f"{self.seconds}."),
             (self.mode in ("skip", "reorder"), f"fault {self.id}: mode must be skip or reorder; got {self.mode!r}."),
@@ -168,7 +177,7 @@ class Fault:
     def describe(self) -> dict[str, Any]:
         """The options that matter for this kind, as a JSON-ready dict (with ``id``)."""
         extra = {"crash": ("where", "how"), "hang": ("seconds",), "desync": ("mode",), "corrupt": ("bits",),
-                 "nan": (), "compute_corrupt": (), "common_mode": (), "checkpoint_crash": ("phase", "how"),
+                 "nan": (), "compute_corrupt": (), "common_mode": (), "aggregator_lie": ("how",), "checkpoint_crash": ("phase", "how"),
                  "checkpoint_corrupt": ("file",), **_MEMBERSHIP_OPTIONS}[self.kind]
         d = asdict(self)
         d["workers"] = list(self.workers)
@@ -408,6 +417,34 @@ class FaultInjector:
                 append_jsonl(self.log, record)
             hit.append(f)
         return hit
+
+    def lie(self, step_id: int, comm_rank: int) -> Optional[Fault]:
+        """The ``aggregator_lie`` fault of hosted worker ``comm_rank`` at 0-based step ``step_id`` (fires once), or ``None``.
+
+        The reduction applies it with :meth:`lied` to every aggregate slice that rank hands on at that step.
+        """
+        return self._take("aggregator_lie", self._mine(comm_rank), step_id + 1)
+
+    @staticmethod
+    def lied(fault: Fault, values: torch.Tensor, previous: Optional[torch.Tensor]) -> torch.Tensor:
+        """A wrong copy of an aggregate slice ``values`` (``(d_s,)``, floating) as ``fault.how`` says.
+
+        ``previous``: the same coordinates of the previous step's aggregate (``stale``; ``None``:
+        zeros). ``last_bits`` flips the lowest bit of one coordinate, chosen from the fault's
+        ``(rank, step)``. An empty slice stays empty (there is nothing to lie about).
+        """
+        out = values.clone()
+        if out.numel() == 0:
+            return out
+        if fault.how == "scale":
+            return out.mul_(2.0)
+        if fault.how == "sign_flip":
+            return out.neg_()
+        if fault.how == "stale":
+            return torch.zeros_like(out) if previous is None else previous.to(out).clone()
+        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()]
+        out.view(ints).view(-1)[mix_seed(int(fault.rank), int(fault.step), 0x11E) % out.numel()] ^= 1
+        return out
 
     def tamper(self, step_id: int, comm_rank: int, frame: torch.Tensor) -> torch.Tensor:
         """``corrupt`` faults: a copy of the ``uint8`` frame with ``bits`` bits of its body flipped.

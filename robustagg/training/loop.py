@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from ..distributed.lifeline import beat
+from ..errors import LyingAggregatorError
 from ..errors import Interrupted
 from .evidence import StragglerLog
 from .trainer import StepOutput, Trainer
@@ -349,6 +350,14 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
             tl = time.perf_counter()
             log_step(out, done)
             busy[0] = time.perf_counter() - tl  # delays this rank's next header: not a stall
+        if out.exclude:  # every rank named the same liars: stop here, the launcher's shrink path removes them
+            if main:
+                _sync(sinks)  # their detection records are durable before the attempt ends
+            bar.close()
+            raise LyingAggregatorError(f"step {done}: the aggregate cross-check named rank(s) {out.exclude} as lying "
+                                       "aggregators and trainer.on_lying_aggregator=exclude removes them (with "
+                                       "trainer.on_failure=shrink the survivors restore the last committed checkpoint "
+                                       "without them)", ranks=out.exclude, step=out.step)
         if checkpointer is not None and done != end and checkpointer.due(done):
             if main:
                 _sync(sinks)  # the step's records are durable before the commit that covers the step

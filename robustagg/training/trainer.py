@@ -103,7 +103,10 @@ class StepOutput:
         bias: ``agg/bias_vs_sync`` and ``agg/bias_vs_sync_rel`` on the main process when the
             trainer measures bias and the protocol can evaluate its reference, else ``None``.
         detections: the protocol's detection records of this update (e.g. replica-vote
-            disagreements), see :meth:`Protocol.detections <robustagg.protocols.Protocol.detections>`.
+            disagreements), see :meth:`Protocol.detections <robustagg.protocols.Protocol.detections>`,
+            then the aggregate cross-check's (``lying_aggregator``, :mod:`~robustagg.distributed.vote`).
+        exclude: ranks the cross-check named with ``on_lying_aggregator=exclude`` (the loop stops the
+            attempt after recording them, see :func:`~robustagg.training.fit`).
     """
 
     step: int
@@ -115,6 +118,7 @@ class StepOutput:
     honest_inputs: Optional[list[bool]] = None
     bias: Optional[dict[str, float]] = None
     detections: list[dict[str, Any]] = field(default_factory=list)
+    exclude: list[int] = field(default_factory=list)
 
     def honest_mask(self) -> torch.Tensor:
         """``(len(reduced.inputs),)`` bool: True for the honest rows the rule received."""
@@ -269,6 +273,8 @@ class Trainer:
         self.injector = injector
         if injector is not None and injector.has("corrupt"):
             reduction.tamper = injector.tamper
+        if injector is not None and injector.has("aggregator_lie"):
+            reduction.check.injector = injector  # the cross-check asks it who lies, and how
         #: 0-based id of the step in progress (``None`` between steps): failure evidence.
         self.current_step: Optional[int] = None
         #: The last step's headers and when their exchange finished (``time.time()``): evidence.
@@ -485,7 +491,8 @@ class Trainer:
         return StepOutput(step=step, reduced=reduced, byzantine=byz_ranks,
                           losses=[h.loss for h in reduced.headers], seconds=time.perf_counter() - t0, plan=plan,
                           honest_inputs=proto.honest_inputs(reduced, byz_ranks), bias=bias,
-                          detections=proto.detections(plan))
+                          detections=proto.detections(plan) + list(self.reduction.check.detections),
+                          exclude=list(self.reduction.check.exclude))
 
     def _bias(self, plan: Any, reduced: Reduced, byz_ranks: tuple[int, ...]) -> Optional[dict[str, float]]:
         """``agg/bias_vs_sync`` (and its relative form) against the protocol's synchronous reference."""
