@@ -7,7 +7,13 @@ per rank, three ways:
 - ``allreduce``: ``dist.all_reduce`` then divide by the world size (what DDP pays; not robust);
 - ``gather``: ``all_gather`` every submission to every rank, stack, run the rule;
 - ``sharded``: :func:`robustagg.distributed.sharded.sharded_aggregate`, writing into a
-  preallocated ``out=`` buffer.
+  preallocated ``out=`` buffer;
+- ``reduction_r<k>`` (coordinate-wise rules, each ``k`` in ``aggregator_replicas`` up to the world
+  size): the trainer's whole :class:`~robustagg.distributed.ShardedReduction` step (headers, framed
+  slices, integrity verdict, the rule, the return exchange) with every slice computed by ``k`` ranks
+  and voted on (:mod:`robustagg.distributed.vote`); ``sent_mb`` is what one rank sends per step, and
+  ``ratio_to_r1`` its time against ``k = 1`` in the same process group (issue 29's cost of no trusted
+  aggregator).
 
 Both ``allreduce`` and ``sharded`` reduce into a buffer allocated once before timing, as a
 training loop would (gradient buckets, a persistent update buffer): at ``d = 1e7`` a fresh 40 MB
@@ -40,7 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 import robustagg as ra
 from robustagg.distributed.sharded import sharded_aggregate, supports_sharding
 
-COLUMNS = ["mode", "rule", "world", "d", "backend", "median_ms", "ratio_to_allreduce"]
+COLUMNS = ["mode", "rule", "world", "d", "backend", "median_ms", "ratio_to_allreduce", "sent_mb", "ratio_to_r1"]
 
 
 def _free_port() -> int:
@@ -104,16 +110,47 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out_path: str) -> None:
                     rule.reset()
                 ms = _timed(fn, cfg["repeats"], cfg["warmup"], device)
                 rows.append(dict(mode=mode, rule=name, world=world, d=int(d), backend=cfg["backend"], median_ms=ms))
+            if rule.coordinatewise:
+                rows.extend(_replicated_rows(rule, name, local, world, int(d), cfg, device))
     if rank == 0:
         Path(out_path).write_text(json.dumps(rows))
     dist.barrier()
     dist.destroy_process_group()
 
 
+def _replicated_rows(rule: Any, name: str, local: torch.Tensor, world: int, d: int, cfg: dict,
+                     device: torch.device) -> list[dict[str, Any]]:
+    """Time the trainer's sharded reduction step with every slice computed by ``k`` ranks, ``k`` in
+    ``cfg["aggregator_replicas"]`` (those up to ``world``)."""
+    from robustagg.distributed import ProcessGroupComm, ShardedReduction
+    from robustagg.distributed.sharded import shard_bounds
+    from robustagg.distributed.vote import AggregatorCheck, held_slices
+
+    comm = ProcessGroupComm(device=device)
+    out = []
+    for k in [int(k) for k in cfg.get("aggregator_replicas", [1, 3]) if int(k) <= world]:
+        red = ShardedReduction(rule, comm, metrics=False)
+        red.check = AggregatorCheck(replicas=k, on_mismatch="vote")
+        step = [0]
+
+        def reduce() -> None:
+            red.reduce({comm.rank: local}, step=step[0])
+            step[0] += 1
+
+        ms = _timed(reduce, cfg["repeats"], cfg["warmup"], device)
+        sizes = [e - s for s, e in shard_bounds(d, world)]
+        held = sum(sizes[s] for s in held_slices(0, world, k))
+        sent = k * (d * local.element_size() + 8 * world) + world * held * local.element_size()
+        out.append(dict(mode=f"reduction_r{k}", rule=name, world=world, d=d, backend=cfg["backend"], median_ms=ms,
+                        sent_mb=sent / 1e6))
+    return out
+
+
 def run_benchmark(cfg: dict) -> pd.DataFrame:
     """Run the grid in ``cfg`` (keys as in conf/bench_distributed) and return the result table."""
     if cfg.get("quick"):
-        cfg = {**cfg, "worlds": [4], "ds": [20_000], "rules": ["trimmed_mean", "krum"], "repeats": 2, "warmup": 1}
+        cfg = {**cfg, "worlds": [4], "ds": [20_000], "rules": ["trimmed_mean", "krum"], "repeats": 2, "warmup": 1,
+               "aggregator_replicas": [1, 3]}
     if cfg["backend"] == "auto":
         cfg = {**cfg, "backend": "nccl" if torch.cuda.is_available() else "gloo"}
     frames = []
@@ -125,6 +162,12 @@ def run_benchmark(cfg: dict) -> pd.DataFrame:
     table = pd.concat(frames, ignore_index=True)
     base = table[table["mode"] == "allreduce"].set_index(["world", "d"])["median_ms"]
     table["ratio_to_allreduce"] = [row.median_ms / base[(row.world, row.d)] for row in table.itertuples()]
+    if "sent_mb" not in table:
+        table["sent_mb"] = float("nan")
+    r1 = table[table["mode"] == "reduction_r1"].set_index(["rule", "world", "d"])["median_ms"]
+    table["ratio_to_r1"] = [row.median_ms / r1[(row.rule, row.world, row.d)]
+                            if str(row.mode).startswith("reduction_r") and (row.rule, row.world, row.d) in r1.index
+                            else float("nan") for row in table.itertuples()]
     return table[COLUMNS]
 
 
@@ -134,7 +177,8 @@ def _print(table: pd.DataFrame) -> None:
 
     t = Table(title="robust reduction vs all-reduce (median ms, slowest rank)")
     for c in COLUMNS:
-        t.add_column(c, justify="right" if c in ("world", "d", "median_ms", "ratio_to_allreduce") else "left")
+        t.add_column(c, justify="right" if c in ("world", "d", "median_ms", "ratio_to_allreduce", "sent_mb",
+                                                 "ratio_to_r1") else "left")
     for row in table.itertuples(index=False):
         t.add_row(*[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row])
     Console().print(t)

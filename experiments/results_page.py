@@ -191,6 +191,26 @@ def _rule_by_attack(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _backdoor_success(folder: Path) -> str:
+    """Rules x backdoor attacks: final attack success rate (%, the triggered test images classified as
+    the target label), mean ± standard deviation over the seeds, from ``results.csv``'s ``final_asr``."""
+    from .report_tables import RULE_ORDER
+
+    t = pd.read_csv(folder / "results.csv")
+    t = t[(t["status"] == "ok") & t["final_asr"].notna()]
+    attacks = sorted(set(t["attack"]))
+    rules = [r for r in RULE_ORDER if r in set(t["rule"])] + sorted(set(t["rule"]) - set(RULE_ORDER))
+    lines = ["| rule | " + " | ".join(f"{a}: ASR" for a in attacks) + " |", "|---|" + "---:|" * len(attacks)]
+    for rule in rules:
+        cells = [rule]
+        for attack in attacks:
+            asr = t[(t["rule"] == rule) & (t["attack"] == attack)]["final_asr"]
+            cells.append(f"{_pm(100 * asr.mean(), 100 * asr.std() if len(asr) > 1 else 0.0)} ({len(asr)})"
+                         if len(asr) else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _cost(folder: Path) -> str:
     c = json.loads((folder / "cost.json").read_text())
     status = ", ".join(f"{v} {k}" for k, v in c["status"].items())
@@ -221,6 +241,8 @@ RENDERERS: dict[str, tuple[str, Callable[[Path], str]]] = {
     "byzfl_accuracy": ("byzfl_accuracy.csv", _byzfl),
     "repro_fang2020": ("repro_fang2020_fmnist", _rule_by_attack),
     "repro_shejwalkar2021": ("repro_shejwalkar2021_fmnist", _rule_by_attack),
+    "repro_fltrust2021": ("repro_fltrust2021_fmnist", _rule_by_attack),
+    "repro_fltrust2021_asr": ("repro_fltrust2021_fmnist", _backdoor_success),
 }
 
 

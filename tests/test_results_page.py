@@ -5,6 +5,7 @@ files (the worst case over attacks, the cost line)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -124,3 +125,32 @@ def test_collect_from_a_missing_folder_says_so_without_a_traceback(tmp_path, cap
     assert rp.main(["collect", "bench", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the sweep folder") and "Traceback" not in err
+
+
+def test_the_fltrust_verdict_sentences_match_their_committed_table():
+    import pandas as pd
+
+    t = pd.read_csv(Path(__file__).resolve().parents[1] / "docs" / "results" / "repro_fltrust2021_fmnist" /
+                    "results.csv")
+    acc = t[t["status"] == "ok"].groupby(["rule", "attack"])["final_acc"].mean() * 100
+    asr = t[t["attack"] == "model_replacement"].groupby("rule")["final_asr"].mean() * 100
+    fl = acc["fltrust"]
+    assert round(fl["none"], 1) == 85.0 and (fl["none"] - fl).max() <= 0.5 + 1e-9  # "within half a point"
+    assert round(acc[("krum", "none")]) == 78 and round(acc[("krum", "fang_krum")]) == 51
+    assert round(acc[("mean", "none")] - acc[("mean", "fang_trimmed_mean")]) == 13
+    assert asr["fltrust"] > 99 and asr["mean"] > 99  # "about 100 %"
+    assert max(asr[r] for r in ("coordinate_median", "trimmed_mean", "krum")) < 5
+    drops = [acc[(r, "none")] - acc[(r, "label_flip")] for r in ("coordinate_median", "trimmed_mean")]
+    assert 6 <= min(drops) and max(drops) <= 10 and round(acc[("mean", "none")] - acc[("mean", "label_flip")]) == 1
+
+
+def test_the_replicated_reduction_cost_quoted_on_the_threat_model_is_the_committed_benchmark():
+    root = Path(__file__).resolve().parents[1]
+    t = pd.read_csv(root / "docs" / "results" / "bench_distributed_replicas.csv")
+    r3 = t[t["mode"] == "reduction_r3"].set_index("rule")
+    page = (root / "docs" / "threat-model.md").read_text()
+    assert (r3["world"] == 8).all() and (r3["d"] == 10_000_000).all()
+    assert f"{r3.loc['trimmed_mean', 'ratio_to_r1']:.2f}× (trimmed mean)" in page
+    assert f"{r3.loc['coordinate_median', 'ratio_to_r1']:.2f}× (median)" in page
+    r1 = t[t["mode"] == "reduction_r1"].set_index("rule")
+    assert f"sends {r3['sent_mb'].iloc[0]:.0f} MB per step at r_a = 3 against {r1['sent_mb'].iloc[0]:.0f} MB" in page

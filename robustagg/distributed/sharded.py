@@ -29,9 +29,12 @@ distances (tested to 1e-6 relative on the outputs), and a selection between cand
 scores lie within that rounding of each other may pick a different row. Bitwise-identical rows
 still tie exactly (the same summation order for every Gram entry) and the lowest index wins.
 
-Trust assumption: sharding moves the *computation* of the trusted aggregation onto the ranks. It
-assumes the aggregation code on every rank is trusted, as a parameter server would be; a Byzantine
-*worker* still only controls its own submission.
+Trust assumption: sharding moves the *computation* of the aggregation onto the ranks. With one
+replica per slice (the default) the aggregation code on every rank is trusted, as a parameter server
+would be; a Byzantine *worker* still only controls its own submission. With
+``trainer.aggregator_replicas = r_a > 1`` (coordinate-wise rules) every slice is computed by ``r_a``
+ranks and voted on bit for bit (:mod:`~robustagg.distributed.vote`;
+:meth:`~robustagg.distributed.sharded_reduction.ShardedReduction._reduce_replicated`).
 """
 
 from __future__ import annotations

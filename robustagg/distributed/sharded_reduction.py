@@ -313,7 +313,17 @@ class ShardedReduction(GatherReduction):
         mine_total = back_sizes[rank]
         send_buf, recv, back = self._replica_buffers(comm.device, dtype, sum(send_sizes), world * per_src,
                                                      sum(back_sizes))
-        send = _frame_slices(local, [bounds[s] for q in range(world) for s in held[q]], send_buf)
+        sums = [torch.tensor([checksum(local[a:b])], dtype=torch.int64).view(torch.uint8).to(local.device)
+                for a, b in bounds]  # each slice hashed once, framed for each of its r_a holders
+        at = 0
+        for q in range(world):
+            for s in held[q]:
+                a, b = bounds[s]
+                body = (b - a) * size
+                send_buf[at:at + body].copy_(local[a:b].view(torch.uint8))
+                send_buf[at + body:at + body + 8].copy_(sums[s])
+                at += body + 8
+        send = send_buf[:at]
         if self.tamper is not None:
             send = self.tamper(step, rank, send)
         self._collective("all_to_all", send, lambda: dist.all_to_all_single(
