@@ -296,6 +296,7 @@ class ShardedReduction(GatherReduction):
         shares come from each rank's own slice (``s = rank``) only, which is not cross-checked.
         """
         comm, chk = self.comm, self.check
+        assert isinstance(comm, ProcessGroupComm)  # reduce() sends every other communicator to the gather path
         group, world, rank = comm.group, comm.world_size, comm.rank
         if not self.rule.coordinatewise:
             raise ConfigError(f"trainer.aggregator_replicas={chk.replicas} replicates coordinate-wise rules (mean, "
@@ -313,15 +314,15 @@ class ShardedReduction(GatherReduction):
         mine_total = back_sizes[rank]
         send_buf, recv, back = self._replica_buffers(comm.device, dtype, sum(send_sizes), world * per_src,
                                                      sum(back_sizes))
-        sums = [torch.tensor([checksum(local[a:b])], dtype=torch.int64).view(torch.uint8).to(local.device)
-                for a, b in bounds]  # each slice hashed once, framed for each of its r_a holders
+        slice_sums = [torch.tensor([checksum(local[a:b])], dtype=torch.int64).view(torch.uint8).to(local.device)
+                      for a, b in bounds]  # each slice hashed once, framed for each of its r_a holders
         at = 0
         for q in range(world):
             for s in held[q]:
                 a, b = bounds[s]
                 body = (b - a) * size
                 send_buf[at:at + body].copy_(local[a:b].view(torch.uint8))
-                send_buf[at + body:at + body + 8].copy_(sums[s])
+                send_buf[at + body:at + body + 8].copy_(slice_sums[s])
                 at += body + 8
         send = send_buf[:at]
         if self.tamper is not None:

@@ -203,7 +203,7 @@ class AggregatorCheck:
     replicas: int = 1
     on_mismatch: str = "abort"
     on_liar: str = "continue"
-    injector: Optional[Any] = None
+    injector: Any = None
     detections: list[dict[str, Any]] = field(default_factory=list)
     exclude: list[int] = field(default_factory=list)
     previous: Optional[torch.Tensor] = None

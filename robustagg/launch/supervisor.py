@@ -345,7 +345,7 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
 def _named_liars(job: Job, out: Path, attempt: int) -> list[int]:
     """The worker ids the aggregate cross-check of ``attempt`` named for exclusion (its in-run
     ``lying_aggregator`` records in ``detections.jsonl``, written before the attempt stopped)."""
-    named = set()
+    named: set[int] = set()
     for rec in read_jsonl(out / "detections.jsonl"):
         if (rec.get("kind") == "lying_aggregator" and rec.get("action") == "excluded"
                 and rec.get("attempt") == attempt and rec.get("source") == "in-run"):
