@@ -123,8 +123,7 @@ def _replicated_rows(rule: Any, name: str, local: torch.Tensor, world: int, d: i
     """Time the trainer's sharded reduction step with every slice computed by ``k`` ranks, ``k`` in
     ``cfg["aggregator_replicas"]`` (those up to ``world``)."""
     from robustagg.distributed import ProcessGroupComm, ShardedReduction
-    from robustagg.distributed.sharded import shard_bounds
-    from robustagg.distributed.vote import AggregatorCheck, held_slices
+    from robustagg.distributed.vote import AggregatorCheck, sent_bytes
 
     comm = ProcessGroupComm(device=device)
     out = []
@@ -138,9 +137,7 @@ def _replicated_rows(rule: Any, name: str, local: torch.Tensor, world: int, d: i
             step[0] += 1
 
         ms = _timed(reduce, cfg["repeats"], cfg["warmup"], device)
-        sizes = [e - s for s, e in shard_bounds(d, world)]
-        held = sum(sizes[s] for s in held_slices(0, world, k))
-        sent = k * (d * local.element_size() + 8 * world) + world * held * local.element_size()
+        sent = sent_bytes(d, world, k, local.element_size())
         out.append(dict(mode=f"reduction_r{k}", rule=name, world=world, d=d, backend=cfg["backend"], median_ms=ms,
                         sent_mb=sent / 1e6))
     return out

@@ -145,7 +145,14 @@ def test_processes_sharded_with_three_replicas_trains_as_if_nobody_lied(tmp_path
     assert none == [] and lied == ref == sim  # bit-identical, and the same in both modes
     assert (det["step"], det["ranks"], det["action"]) == (3, [1], "outvoted") and det["source"] == "in-run"
     assert [x["slice"] for x in det["slices"]] == [0, 1, 3] == [x["slice"] for x in sim_det["slices"]]
-    assert s["aggregator_check"]["requirement"].startswith("r_a >= 2 f_a + 1") and s["aggregator_check"]["replicas"] == 3
+    check = s["aggregator_check"]
+    assert check["requirement"].startswith("r_a >= 2 f_a + 1") and check["replicas"] == 3
+    d = s["num_parameters"]  # 4 ranks, 3 replicas: rank 0 aggregates slices 0, 3 and 2 (float32)
+    sizes = [d // 4 + (1 if i < d % 4 else 0) for i in range(4)]
+    held = sizes[0] + sizes[3] + sizes[2]
+    assert (check["aggregated_coordinates"], check["aggregated_coordinates_r1"]) == (held, sizes[0])
+    assert check["sent_bytes_per_step"] == 3 * (4 * d + 8 * 4) + 4 * 4 * held  # frames in, 4 copies back
+    assert check["sent_bytes_per_step_r1"] == (4 * d + 8 * 4) + 4 * 4 * sizes[0]
     _, once, nothing = _run(tmp_path, "r1", "trainer.mode=processes", "threat.n=4", "threat.f=1",
                             "trainer.reduction=sharded", "faults=[aggregator_lie]")
     assert once != ref and nothing == []  # r_a = 1: the lie reaches every rank unnoticed

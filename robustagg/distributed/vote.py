@@ -36,7 +36,7 @@ from ..errors import ConfigError, DesyncError, LyingAggregatorError
 from ..integrity import checksum
 
 __all__ = ["MISMATCH_POLICIES", "LIAR_POLICIES", "slice_holders", "held_slices", "Copy", "majority_copy",
-           "aggregator_requirement", "LyingAggregatorError", "AggregatorCheck"]
+           "aggregator_requirement", "LyingAggregatorError", "AggregatorCheck", "sent_bytes"]
 
 #: ``on_aggregate_mismatch``: ``abort`` (a disagreement stops every rank: today's digest check) or
 #: ``vote`` (the bit-exact majority is used and the minority is named).
@@ -137,6 +137,24 @@ def majority_copy(copies: Sequence[Copy], *, step: int, what: str) -> tuple[torc
                           "More aggregator ranks lie than the replicas tolerate (r_a >= 2 f_a + 1 is needed).")
     liars = sorted(c.rank for dh, m in groups if m is not winner[1] for c in m)
     return winner[1][0].values, liars, digests
+
+
+def sent_bytes(d: int, world: int, replicas: int, element_size: int = 4) -> int:
+    """Bytes rank 0 sends per step in the sharded exchange with every slice on ``replicas`` ranks.
+
+    Its ``replicas`` framed slices (data plus an 8-byte checksum each) to every rank on the way in,
+    and its ``replicas`` aggregated slices to every rank on the way back (the small all-reduces are
+    left out). ``replicas = 1`` is the unreplicated sharded step.
+
+    Example:
+        >>> sent_bytes(8, 4, 1), sent_bytes(8, 4, 3)  # d = 8 float32 over 4 ranks: 2 coordinates each
+        (96, 288)
+    """
+    from .sharded import shard_bounds
+
+    sizes = [b - a for a, b in shard_bounds(int(d), int(world))]
+    held = sum(sizes[s] for s in held_slices(0, int(world), int(replicas)))
+    return int(replicas) * (int(d) * element_size + 8 * int(world)) + int(world) * held * element_size
 
 
 def aggregator_requirement(replicas: int, lying: int, policy: str) -> tuple[str, bool]:

@@ -124,6 +124,25 @@ def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: A
     return parts, trainer, injector
 
 
+def _aggregator_cost(job: Job, trainer: Trainer, comm: Communicator) -> dict[str, Any]:
+    """The summary's ``aggregator_check``: the requirement (:meth:`Job.aggregator_requirement`) and, for a
+    sharded process group, what rank 0 sends per step and how many coordinates it aggregates, with
+    ``r_a`` replicas and with one (``*_r1``)."""
+    from ..distributed.sharded import shard_bounds
+    from ..distributed.vote import held_slices, sent_bytes
+
+    block = job.aggregator_requirement()
+    red = trainer.reduction
+    d, world, r = trainer.num_parameters(), comm.world_size, int(job.settings.aggregator_replicas)
+    if isinstance(red, ShardedReduction) and comm.num_processes == world > 1 and d >= red.min_d:
+        size = trainer.params[0].element_size() if trainer.params else 4
+        sizes = [b - a for a, b in shard_bounds(d, world)]
+        block.update(sent_bytes_per_step=sent_bytes(d, world, r, size), sent_bytes_per_step_r1=sent_bytes(d, world, 1, size),
+                     aggregated_coordinates=sum(sizes[s] for s in held_slices(0, world, r)),
+                     aggregated_coordinates_r1=sizes[0])
+    return block
+
+
 def _checkpointer(job: Job, attempt: Attempt, store: Optional[CheckpointStore], injector: Optional[FaultInjector],
                   membership: Optional[tuple[Membership, int]], parent: Optional[str],
                   absent: Optional[dict[str, Any]] = None) -> Optional[Checkpointer]:
@@ -314,7 +333,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                         "faults": {"injected": fired_faults(None if store is None else store.root / FAULT_LOG),
                                    **detected_faults(read_jsonl(out / "detections.jsonl"))},
                         "straggler": stragglers.report() if stragglers is not None else {},
-                        "aggregator_check": job.aggregator_requirement(),
+                        "aggregator_check": _aggregator_cost(job, trainer, comm),
                         "checkpoint_dir": None if store is None else str(store.root)})
         if grown is not None:
             summary["grown"] = grown
