@@ -158,6 +158,66 @@ def test_processes_sharded_with_three_replicas_trains_as_if_nobody_lied(tmp_path
     assert once != ref and nothing == []  # r_a = 1: the lie reaches every rank unnoticed
 
 
+SHARDED5 = ["threat.n=5", "threat.f=1", "trainer.reduction=sharded", "trainer.aggregator_replicas=3",
+            "trainer.on_aggregate_mismatch=vote", "trainer.mode=processes"]
+
+
+@pytest.mark.parametrize("rule", [["aggregator=geometric_median"], ["aggregator=krum", "preaggregation=nnm"]])
+def test_distance_based_rules_vote_on_every_partial_statistic_and_train_as_if_nobody_lied(tmp_path, rule):
+    # A liar's partial Gram of each held slice is outvoted before any rank sums it, and its
+    # aggregated slices after: the run is bit-identical to the one without the lie.
+    _, ref, none = _run(tmp_path, "ref", *SHARDED5, *rule)
+    _, lied, (det,) = _run(tmp_path, "lie", *SHARDED5, *rule, "faults=[aggregator_lie]")
+    assert none == [] and lied == ref
+    assert (det["step"], det["ranks"], det["action"]) == (3, [1], "outvoted")
+    held = [0, 1, 4]  # held_slices(1, 5, 3)
+    assert sorted({x["slice"] for x in det["slices"] if x["of"] == "statistic"}) == held
+    assert sorted(x["slice"] for x in det["slices"] if x["of"] == "aggregate") == held
+    assert all(x["digest"] != x["majority_digest"] for x in det["slices"])
+
+
+def test_a_lie_in_the_last_bits_of_a_partial_gram_is_caught_too(tmp_path):
+    _, ref, _ = _run(tmp_path, "ref", *SHARDED5, "aggregator=centered_clipping")
+    _, lied, (det,) = _run(tmp_path, "lie", *SHARDED5, "aggregator=centered_clipping", "faults=[aggregator_lie]",
+                           "faults.aggregator_lie.how=last_bits")
+    assert lied == ref and det["ranks"] == [1] and {x["of"] for x in det["slices"]} == {"statistic", "aggregate"}
+
+
+def test_processes_sharded_exclude_shrinks_the_liar_out(tmp_path):
+    s, _, (det,) = _run(tmp_path, "excl", *SHARDED5, "aggregator=geometric_median", "faults=[aggregator_lie]",
+                        "trainer.on_lying_aggregator=exclude", "trainer.on_failure=shrink", "trainer.max_restarts=1",
+                        "trainer.checkpoint.every=2")
+    assert det["action"] == "excluded" and s["workers"] == [0, 2, 3, 4] and s["restarts"] == 1 and s["steps"] == 5
+    shrink = [r for r in s["lineage"] if r["event"] == "shrink"][0]
+    assert shrink["lost_workers"] == [1] and "lying_aggregator detected at step 3" in shrink["reason"]
+
+
+def test_lockstep_meets_at_every_request_and_reports_the_first_real_error():
+    from robustagg.distributed.vote import Lockstep
+    from robustagg.errors import DesyncError
+
+    seen = []
+
+    def combine(parts):
+        seen.append([float(p) for p in parts])
+        return sum(parts)
+
+    def rule(v):
+        def fn(red):
+            a = red(torch.tensor(float(v)))          # the first global value: 1 + 2 + 3
+            return float(red(torch.tensor(float(v)) * a))  # the second: 6 * (1 + 2 + 3)
+        return fn
+    assert Lockstep(3, combine).run([rule(1), rule(2), rule(3)]) == [36.0, 36.0, 36.0]
+    assert seen == [[1.0, 2.0, 3.0], [6.0, 12.0, 18.0]]
+
+    def boom(red):
+        raise ValueError("rule failed in thread 1")
+    with pytest.raises(ValueError, match="rule failed in thread 1"):  # not a hang, not a BrokenBarrierError
+        Lockstep(2, combine).run([lambda red: red(torch.tensor(1.0)), boom])
+    with pytest.raises(DesyncError, match="did not meet"):  # one asks twice, the other once
+        Lockstep(2, combine, timeout_s=5).run([lambda red: red(red(torch.tensor(1.0))), lambda red: red(torch.tensor(1.0))])
+
+
 def test_processes_gather_vote_outvotes_two_liars_of_five_then_excludes_one(tmp_path):
     base = ["trainer.mode=processes", "threat.n=5", "threat.f=1", "trainer.reduction=gather",
             "trainer.on_aggregate_mismatch=vote"]
@@ -185,8 +245,10 @@ def test_processes_gather_abort_stops_at_the_next_header(tmp_path):
      AssumptionError, r"aggregate cross-check requires r_a >= 2 f_a \+ 1 \(every slice correct\): r_a=1, f_a=1"),
     (["trainer.lying_aggregators=2", *SHARDED3[2:]], AssumptionError, r"r_a=3, f_a=2"),
     (["trainer.aggregator_replicas=5", "trainer.reduction=sharded"], ConfigError, r"aggregator_replicas=5 exceeds"),
-    (["trainer.aggregator_replicas=3", "trainer.reduction=sharded", "aggregator=geometric_median"], ConfigError,
-     r"replicates coordinate-wise rules only.*GeometricMedian"),
+    (["trainer.aggregator_replicas=3", "trainer.reduction=sharded", "preaggregation=bucketing", "threat.f=0"], ConfigError,
+     r"cannot replicate Pipeline: Bucketing draws its permutation once per call"),
+    (["trainer.aggregator_replicas=3", "trainer.reduction=sharded", "aggregator=dnc"], ConfigError,
+     r"no sharded implementation|has no sharded implementation"),
     (["trainer.aggregator_replicas=3", "trainer.reduction=gather"], ConfigError, r"with gather every rank computes"),
     (["trainer.on_aggregate_mismatch=vote", "trainer.on_lying_aggregator=exclude"], ConfigError,
      r"exclude removes a named rank through the launcher's shrink path"),

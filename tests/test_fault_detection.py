@@ -159,3 +159,13 @@ def test_hang_past_the_collective_timeout_is_a_fail_stop_with_the_in_flight_coll
     assert hung["kind"] == "terminated" and hung["step"] == STEP  # it wrote its evidence on SIGTERM
     (det,) = _failures(_jsonl(tmp_path / "detections.jsonl"))
     assert det["kind"] == "fail-stop" and det["lost"] == [1] and det["step"] == STEP
+
+
+def test_the_hung_rank_s_message_says_where_its_main_thread_was(tmp_path):
+    # The launcher asks a still-running rank for its Python stacks (faulthandler, SIGUSR2) before it
+    # tears the group down: the message names the frame the rank hung in, not only "sleeping".
+    with pytest.raises(WorkerFailedError, match="rank 1 stopped answering") as info:
+        train(_cfg("faults=[hang]", f"faults.hang.step={STEP}", "faults.hang.seconds=30",
+                   "trainer.collective_timeout_s=2"), out_dir=tmp_path, quiet=True)
+    assert info.value.stacks[1].startswith("compute (robustagg/training/faults.py:")  # the hang fault's sleep
+    assert f"in {info.value.stacks[1]}" in str(info.value)

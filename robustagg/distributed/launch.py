@@ -32,6 +32,7 @@ once (no final checkpoint). Every worker dies with the launcher (:func:`.lifelin
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -160,12 +161,15 @@ class WorkerFailedError(RobustAggError, RuntimeError):
             ``T`` stopped by a signal, ``t`` stopped by a debugger).
         heartbeats: every rank's last heartbeat (phase, completed steps, time), see
             :class:`~robustagg.distributed.lifeline.Heartbeats`.
+        stacks: ``{rank: where its main thread was}`` (:func:`where_it_was`) for the ranks still
+            running at the teardown, from their ``faulthandler`` dumps.
     """
 
     def __init__(self, message: str, *, rank: int, error_type: str, failures: Sequence[dict[str, Any]],
                  lost: Sequence[int] = (), terminated: Sequence[int] = (),
                  exitcodes: Sequence[Optional[int]] = (), killed: Sequence[int] = (),
-                 states: Optional[dict[int, str]] = None, heartbeats: Sequence[dict[str, Any]] = ()) -> None:
+                 states: Optional[dict[int, str]] = None, heartbeats: Sequence[dict[str, Any]] = (),
+                 stacks: Optional[dict[int, str]] = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.error_type = error_type
@@ -176,6 +180,7 @@ class WorkerFailedError(RobustAggError, RuntimeError):
         self.exitcodes = list(exitcodes)
         self.states = dict(states or {})
         self.heartbeats = list(heartbeats)
+        self.stacks = dict(stacks or {})
 
 
 class TerminatedError(RobustAggError, RuntimeError):
@@ -215,6 +220,84 @@ def _worker_signals(failure_dir: str) -> None:
         signal.signal(sig, on_signal)
 
 
+#: A worker's Python stacks, dumped by ``faulthandler`` on SIGUSR2 (the launcher asks for them
+#: before it tears a failed group down, so that a hung rank's message says where it hung).
+_STACK_SIGNAL = signal.SIGUSR2
+_stack_file: Any = None
+
+
+def _stack_path(failure_dir: str | Path, index: int) -> Path:
+    return Path(failure_dir) / f"stacks-{index}.txt"
+
+
+def _register_stack_dump(failure_dir: str, index: int) -> None:
+    global _stack_file
+    try:
+        _stack_file = open(_stack_path(failure_dir, index), "w")  # kept open: faulthandler writes its fd
+        faulthandler.register(_STACK_SIGNAL, file=_stack_file, all_threads=True)
+    except (OSError, RuntimeError, ValueError):
+        _stack_file = None  # no dump: the messages just lack the frame
+
+
+def where_it_was(text: str) -> str:
+    r"""The innermost frames of the main thread in a ``faulthandler`` dump: ``"func (file:line)"``
+    of the innermost frame, then of the innermost robustagg frame when that is another; ``""``
+    when the dump is empty or unreadable.
+
+    Example:
+        >>> dump = ('Thread 0x1 (most recent call first):\n  File "/x/threading.py", line 3 in wait\n\n'
+        ...         'Current thread 0x2 (most recent call first):\n'
+        ...         '  File "/t/torch/distributed/c10d.py", line 9 in broadcast\n'
+        ...         '  File "/r/robustagg/launch/grow.py", line 304 in send_state\n'
+        ...         '  File "/r/robustagg/distributed/launch.py", line 240 in _entry\n')
+        >>> where_it_was(dump)
+        'broadcast (torch/distributed/c10d.py:9), called from send_state (robustagg/launch/grow.py:304)'
+    """
+    import re
+
+    blocks = [b for b in text.split("\n\n") if "File " in b]
+    main = next((b for b in blocks if " in _entry" in b), blocks[-1] if blocks else "")
+    frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main)
+    if not frames:
+        return ""
+
+    def short(path: str) -> str:
+        parts = Path(path).parts
+        for root in ("robustagg", "torch", "experiments"):
+            if root in parts:
+                return "/".join(parts[len(parts) - 1 - parts[::-1].index(root):])
+        return Path(path).name
+
+    first = f"{frames[0][2]} ({short(frames[0][0])}:{frames[0][1]})"
+    ours = next((f for f in frames if "robustagg" in Path(f[0]).parts), None)
+    if ours is None or ours == frames[0]:
+        return first
+    return f"{first}, called from {ours[2]} ({short(ours[0])}:{ours[1]})"
+
+
+def _stacks_of(procs: list[Any], running: Sequence[int], failure_dir: Path, wait_s: float = 0.5) -> dict[int, str]:
+    """Ask every still-running worker for its Python stacks (SIGUSR2) and read where each main thread was."""
+    asked = []
+    for i in running:
+        try:
+            os.kill(procs[i].pid, _STACK_SIGNAL)
+            asked.append(i)
+        except OSError:
+            continue
+    if not asked:
+        return {}
+    time.sleep(wait_s)
+    out = {}
+    for i in asked:
+        try:
+            where = where_it_was(_stack_path(failure_dir, i).read_text())
+        except OSError:
+            continue
+        if where:
+            out[i] = where
+    return out
+
+
 def _write_record(failure_dir: str, index: int, record: dict[str, Any]) -> None:
     tmp = Path(failure_dir) / f".rank-{index}.json.tmp"
     try:
@@ -230,6 +313,7 @@ def _write_record(failure_dir: str, index: int, record: dict[str, Any]) -> None:
 def _entry(index: int, fn: Callable[..., Any], failure_dir: str, args: tuple[Any, ...], launcher_pid: int,
            beats: Optional[lifeline.Heartbeats]) -> None:
     _worker_signals(failure_dir)
+    _register_stack_dump(failure_dir, index)
     lifeline.die_with(launcher_pid)
     lifeline.attach(beats, index)
     try:
@@ -482,9 +566,10 @@ def _teardown(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, g
     states = {i: _proc_state(procs[i].pid) for i in running}
     hb = beats.read()
     _join_all(procs, grace)  # survivors usually fail their own collective and exit
+    stacks = _stacks_of(procs, [i for i in running if procs[i].is_alive()], failure_dir)
     termed, killed = _stop_now(procs, failure_dir, grace)
     return _failure(first, _exit_codes(procs), _records(failure_dir), detected=detected, states=states,
-                    heartbeats=hb, terminated=termed, killed=killed, grace=grace)
+                    heartbeats=hb, terminated=termed, killed=killed, grace=grace, stacks=stacks)
 
 
 def _records(failure_dir: Path) -> list[dict[str, Any]]:
@@ -505,9 +590,12 @@ def _last_seen(hb: Sequence[dict[str, Any]], rank: int, detected: float) -> str:
     return f"its last heartbeat: {where}, {max(0.0, detected - b['time']):.1f} s before the failure was detected"
 
 
-def _stopped_by_launcher(rank: int, states: dict[int, str], killed: Sequence[int], grace: float) -> str:
+def _stopped_by_launcher(rank: int, states: dict[int, str], killed: Sequence[int], grace: float,
+                         stacks: Optional[dict[int, str]] = None) -> str:
     state = states.get(rank, "?")
     seen = f"its process was {_STATES[state]} when the group failed" if state in _STATES else ""
+    if stacks and rank in stacks:
+        seen = f"{seen}, in {stacks[rank]}" if seen else f"it was in {stacks[rank]}"
     how = (f"the launcher killed it with SIGKILL after it ignored SIGTERM for {grace:g} s" if rank in killed
            else "the launcher terminated it with SIGTERM")
     return "; ".join(x for x in (seen, how) if x) + " (the launcher's own kill, not an external one)"
@@ -515,7 +603,7 @@ def _stopped_by_launcher(rank: int, states: dict[int, str], killed: Sequence[int
 
 def _failure(first: int, codes: list[Optional[int]], all_records: list[dict[str, Any]], *, detected: float,
              states: dict[int, str], heartbeats: Sequence[dict[str, Any]], terminated: Sequence[int],
-             killed: Sequence[int], grace: float) -> WorkerFailedError:
+             killed: Sequence[int], grace: float, stacks: Optional[dict[int, str]] = None) -> WorkerFailedError:
     """Build the :class:`WorkerFailedError` of a failed group from its records, exit codes, the
     ranks the launcher itself stopped, their observed states and their heartbeats."""
     by_rank = {int(r["rank"]): r for r in all_records}
@@ -524,7 +612,8 @@ def _failure(first: int, codes: list[Optional[int]], all_records: list[dict[str,
     silent = [i for i, c in enumerate(codes) if c not in (0, None) and i not in by_rank and i not in by_launcher]
     lost = sorted(set(silent) | set(by_launcher))
     kw: dict[str, Any] = {"failures": records, "lost": lost, "terminated": by_launcher, "exitcodes": codes,
-                          "killed": killed, "states": states, "heartbeats": list(heartbeats)}
+                          "killed": killed, "states": states, "heartbeats": list(heartbeats),
+                          "stacks": dict(stacks or {})}
     root = _root_cause(records)
     if root is not None:
         others = sorted(r["rank"] for r in records if r is not root)
@@ -550,7 +639,7 @@ def _failure(first: int, codes: list[Optional[int]], all_records: list[dict[str,
         also = f" Ranks {absent[1:]} never joined either." if len(absent) > 1 else ""
         return WorkerFailedError(f"worker rank {rank} never joined the group: it {where} when ranks "
                                  f"{[r for r in waiting if r not in absent]} gave up waiting for it; "
-                                 f"{_stopped_by_launcher(rank, states, killed, grace)}.{also}{first_msg}",
+                                 f"{_stopped_by_launcher(rank, states, killed, grace, stacks)}.{also}{first_msg}",
                                  rank=rank, error_type="never_joined", **kw)
     if by_launcher:
         def rank_key(r: int) -> tuple[int, int, float, int]:
@@ -558,9 +647,11 @@ def _failure(first: int, codes: list[Optional[int]], all_records: list[dict[str,
             return (0 if states.get(r) in ("T", "t") else 1, int(b["step"]), float(b["time"] or 0.0), r)
 
         rank = min(by_launcher, key=rank_key)
+        elsewhere = [f"rank {r}: {w}" for r, w in sorted((stacks or {}).items()) if r != rank]
+        seen = f" Where the other running ranks were: {'; '.join(elsewhere)}." if elsewhere else ""
         return WorkerFailedError(f"worker rank {rank} stopped answering and was terminated after its peers' "
-                                 f"collectives failed: {_stopped_by_launcher(rank, states, killed, grace)}; "
-                                 f"{_last_seen(heartbeats, rank, detected)}.{peers}{first_msg}",
+                                 f"collectives failed: {_stopped_by_launcher(rank, states, killed, grace, stacks)}; "
+                                 f"{_last_seen(heartbeats, rank, detected)}.{peers}{seen}{first_msg}",
                                  rank=rank, error_type="unresponsive", **kw)
     if records:
         root = min(records, key=lambda r: r["time"])

@@ -32,8 +32,8 @@ still tie exactly (the same summation order for every Gram entry) and the lowest
 Trust assumption: sharding moves the *computation* of the aggregation onto the ranks. With one
 replica per slice (the default) the aggregation code on every rank is trusted, as a parameter server
 would be; a Byzantine *worker* still only controls its own submission. With
-``trainer.aggregator_replicas = r_a > 1`` (coordinate-wise rules) every slice is computed by ``r_a``
-ranks and voted on bit for bit (:mod:`~robustagg.distributed.vote`;
+``trainer.aggregator_replicas = r_a > 1`` every slice, and every slice's partial statistic for the
+distance-based rules, is computed by ``r_a`` ranks and voted on bit for bit (:mod:`~robustagg.distributed.vote`;
 :meth:`~robustagg.distributed.sharded_reduction.ShardedReduction._reduce_replicated`).
 """
 
@@ -55,7 +55,7 @@ from ..functional.weiszfeld import clipping_iterations, weiszfeld_coefficients
 from ..errors import ConfigError, ShapeError
 from ..preaggregation import ARC, NNM, Bucketing, Clipping, Pipeline, PreAggregator
 
-__all__ = ["AUTO_MIN_D", "shard_bounds", "SliceStatistics", "supports_sharding", "aggregate_block", "sharded_aggregate",
+__all__ = ["AUTO_MIN_D", "shard_bounds", "SliceStatistics", "supports_sharding", "supports_replication", "aggregate_block", "sharded_aggregate",
            "clear_buffers", "block_shares"]
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
@@ -115,6 +115,21 @@ def supports_sharding(rule: Aggregator) -> bool:
     if isinstance(rule, Pipeline):
         return all(isinstance(p, _MAPS) for p in rule.pre) and supports_sharding(rule.rule)
     return rule.coordinatewise or isinstance(rule, _SELECTION + (GeometricMedian, CenteredClipping))
+
+
+def supports_replication(rule: Aggregator) -> bool:
+    """True when ``trainer.aggregator_replicas > 1`` can run ``rule``: it shards, and no pre-aggregation
+    draws random numbers (Bucketing's permutation would be drawn once per held slice, not once per step).
+
+    Example:
+        >>> from robustagg.aggregators import Krum
+        >>> from robustagg.preaggregation import Bucketing, Pipeline
+        >>> supports_replication(Krum(f=1)), supports_replication(Pipeline(pre=[Bucketing(s=2)], rule=Krum(f=1)))
+        (True, False)
+    """
+    if isinstance(rule, Pipeline):
+        return not any(isinstance(p, Bucketing) for p in rule.pre) and supports_sharding(rule)
+    return supports_sharding(rule)
 
 
 def _map_block(p: PreAggregator, xs: torch.Tensor, stats: SliceStatistics) -> torch.Tensor:

@@ -22,8 +22,8 @@ from .gather import GatherReduction
 from .header import Header, dtype_of, step_name
 from .reduction import NonFinitePolicy, Reduced, Transform, frame, register_reduction, unframe
 from .sharded import (AUTO_MIN_D, SliceStatistics, aggregate_block, block_shares, shard_bounds, stateful_clipping_of,
-                      supports_sharding)
-from .vote import Copy, held_slices, majority_copy, slice_holders
+                      supports_replication, supports_sharding)
+from .vote import Copy, Lockstep, held_slices, majority_copy, slice_holders
 
 __all__ = ["ShardedReduction", "ShardedReduced", "AUTO_MIN_D"]
 
@@ -286,23 +286,38 @@ class ShardedReduction(GatherReduction):
         Placement :func:`~robustagg.distributed.vote.slice_holders`: rank q computes the slices
         :func:`~robustagg.distributed.vote.held_slices` ``(q)``. (1) ``all_to_all``: every rank sends
         rank q the framed columns of q's ``r_a`` slices (``r_a`` times the bytes of ``r_a = 1``); the
-        integrity verdict is all-reduced as there. (2) The rule on each held block (coordinate-wise
-        rules: no global statistics, so no partial sum a liar could bend). (3) ``all_to_all``: every
-        rank sends every rank its ``r_a`` aggregated slices, so every rank holds ``r_a`` copies of every
-        slice (``r_a x d`` values). (4) The bit-exact majority of each slice is used
+        integrity verdict is all-reduced as there. (2) The rule on each held block: a coordinate-wise
+        rule needs nothing global; a distance-based rule (Krum, Multi-Krum, Bulyan, MDA, GM, centered
+        clipping, NNM / clipping / ARC in front) runs on the ``r_a`` held blocks in
+        :class:`~robustagg.distributed.vote.Lockstep`, and at each global-statistic request every
+        rank all-gathers the partials of its held slices, so every rank holds ``r_a`` copies of
+        every slice's partial; the bit-exact majority of each is summed in slice order
+        (:meth:`_voted_sum`), so a liar's partial never reaches the sum. (3) ``all_to_all``: every
+        rank sends every rank its ``r_a`` aggregated slices, so every rank holds ``r_a`` copies of
+        every slice (``r_a x d`` values). (4) The bit-exact majority of each slice is used
         (:func:`~robustagg.distributed.vote.majority_copy`); every rank all-reduces the count of
-        accusations against each rank, so that every rank names (``vote``: accused by a strict
-        majority of ranks) or stops on (``abort``: accused by any) the same ranks. Metrics and row
-        shares come from each rank's own slice (``s = rank``) only, which is not cross-checked.
+        accusations against each rank (an outvoted partial counts on every rank, since every rank
+        saw the same table), so that every rank names (``vote``: accused by a strict majority of
+        ranks) or stops on (``abort``: accused by any) the same ranks. Metrics and row shares come
+        from each rank's own slice (``s = rank``) only, which is not cross-checked.
+
+        The global sums are accumulated in slice order, not in the all-reduce's order, so a
+        distance-based rule's weights here may differ from ``r_a = 1`` in float64 rounding (as
+        ``sharded`` differs from ``gather``); every replica computes the same bytes.
+
+        Raises:
+            ConfigError: the rule draws random numbers per call (Bucketing in front), see
+                :func:`~robustagg.distributed.sharded.supports_replication`.
+            DesyncError: a slice or partial without a strict majority, or any disagreement under
+                ``on_aggregate_mismatch=abort``. Others: as :meth:`reduce`.
         """
         comm, chk = self.comm, self.check
         assert isinstance(comm, ProcessGroupComm)  # reduce() sends every other communicator to the gather path
         group, world, rank = comm.group, comm.world_size, comm.rank
-        if not self.rule.coordinatewise:
-            raise ConfigError(f"trainer.aggregator_replicas={chk.replicas} replicates coordinate-wise rules (mean, "
-                              f"median, trimmed mean, MeaMed); {type(self.rule).__name__} needs global statistics "
-                              "whose partial sums are not replicated. Use trainer.reduction=gather with "
-                              "trainer.on_aggregate_mismatch=vote.")
+        if not supports_replication(self.rule):
+            raise ConfigError(f"trainer.aggregator_replicas={chk.replicas} cannot replicate {self.rule!r}: Bucketing "
+                              "draws its permutation once per call, so the replicas of a slice would see different "
+                              "buckets. Use trainer.reduction=gather with trainer.on_aggregate_mismatch=vote.")
         dtype, d, size = local.dtype, local.numel(), local.element_size()
         bounds = shard_bounds(d, world)
         sizes = [e - s for s, e in bounds]
@@ -355,10 +370,28 @@ class ShardedReduction(GatherReduction):
         self.rule.check(len(kept))
         stats = SliceStatistics(self._allreduce)
         xs = [b if not bad else b[kept] for b in blocks]
-        out_blocks = [aggregate_block(self.rule, x, stats, None) for x in xs]
-        shares = (block_shares(self.rule, xs[0], stats, d, None) if self.metrics and self.row_shares else None)
+        cc = stateful_clipping_of(self.rule)
+        centers = [None if cc is None or cc.center is None else cc.center[slice(*bounds[s])].to(local.device)
+                   for s in held[rank]]
+        lie = chk.lie_of(step, rank)  # one fault: its partial statistics and its aggregated slices lie
+        shares = (block_shares(self.rule, xs[0], stats, d, centers[0]) if self.metrics and self.row_shares else None)
+        outcomes: list[tuple[int, int, int, list[int], dict[int, int], int, str]] = []
+        accused = torch.zeros(world, dtype=torch.float64)
+        if self.rule.coordinatewise:  # nothing global to ask for
+            out_blocks = [aggregate_block(self.rule, x, stats, None) for x in xs]
+        else:
+            asked = [0]
+
+            def combine(parts: list[torch.Tensor]) -> torch.Tensor:
+                asked[0] += 1
+                return self._voted_sum(parts, held, bounds, step, lie, outcomes, accused, asked[0])
+
+            def on_block(x: torch.Tensor, c: Optional[torch.Tensor]) -> Callable[[Callable[..., torch.Tensor]], torch.Tensor]:
+                return lambda red: aggregate_block(self.rule, x, SliceStatistics(red), c)
+
+            lockstep = Lockstep(len(xs), combine, timeout_s=float(comm.timeout_s or 300.0))
+            out_blocks = lockstep.run([on_block(x, c) for x, c in zip(xs, centers)])
         moments = self._moments(xs[0], out_blocks[0], stats) if self.metrics else {}
-        lie = chk.lie_of(step, rank)
         if lie is not None:
             out_blocks = [chk.lied(lie, ob, *bounds[s]) for ob, s in zip(out_blocks, held[rank])]
         final = send_buf[:world * mine_total * size].view(dtype).view(world, mine_total)
@@ -373,14 +406,12 @@ class ShardedReduction(GatherReduction):
                 where[s].append(Copy(q, back[at:at + sizes[s]]))
                 at += sizes[s]
         aggregate = torch.empty(d, dtype=dtype, device=comm.device)  # the caller's, never reused
-        outcomes = []
-        accused = torch.zeros(world, dtype=torch.float64)
         for s, (a, b) in enumerate(bounds):
             value, liars, digests = majority_copy(where[s], step=step, what=f"slice {s} [{a}, {b})")
             aggregate[a:b] = value
             if liars:
                 honest = next(c.rank for c in where[s] if c.rank not in liars)
-                outcomes.append((s, a, b, liars, digests, digests[honest]))
+                outcomes.append((s, a, b, liars, digests, digests[honest], "aggregate"))
                 accused[liars] = 1.0
         counts = self._allreduce(accused.to(comm.device)).cpu()
         if chk.on_mismatch == "abort":
@@ -389,6 +420,8 @@ class ShardedReduction(GatherReduction):
             convicted = [i for i in range(world) if 2 * counts[i] > world]
         if convicted or outcomes:
             chk.judge(step, outcomes, convicted=convicted)
+        if cc is not None:
+            cc.center = aggregate.clone()
         chk.remember(aggregate)
         digest = checksum(aggregate)
         self.last_digest = digest
@@ -396,3 +429,42 @@ class ShardedReduction(GatherReduction):
                              dropped=bad, reports=[], digest=digest, weights=shares)
         out.moments = moments
         return out
+
+    def _voted_sum(self, parts: list[torch.Tensor], held: list[list[int]], bounds: list[tuple[int, int]], step: int,
+                   lie: Optional[Any], outcomes: list[tuple[int, int, int, list[int], dict[int, int], int, str]],
+                   accused: torch.Tensor, request: int) -> torch.Tensor:
+        """One global statistic of the replicated path: the bit-exact majority of every slice's partial, summed.
+
+        Args:
+            parts: this rank's float64 partials, one per held slice (in :func:`held_slices` order).
+            held: every rank's held slices. bounds: the slices' coordinate ranges. step: 0-based.
+            lie: this rank's ``aggregator_lie`` fault of the step (its partials lie too), or ``None``.
+            outcomes, accused: this step's disagreements and accusations, extended in place.
+            request: the statistic's 1-based number within the step (for messages).
+
+        Returns:
+            the sum over slices ``0..world-1`` (in that order) of each slice's majority partial.
+
+        Raises:
+            DesyncError: a slice's partial has no strict majority. CollectiveError: the all-gather failed.
+        """
+        comm, chk = self.comm, self.check
+        assert isinstance(comm, ProcessGroupComm)
+        mine = torch.stack(parts)
+        if lie is not None:
+            mine = torch.stack([chk.injector.lied(lie, p, None) for p in mine])  # stale: zeros
+        mine = mine.to(comm.device).contiguous()
+        table = [torch.empty_like(mine) for _ in range(comm.world_size)]
+        self._collective("all_gather", mine, lambda: dist.all_gather(table, mine, group=comm.group))
+        total: Optional[torch.Tensor] = None
+        for s, (a, b) in enumerate(bounds):
+            copies = [Copy(q, table[q][j]) for q in range(comm.world_size) for j, hs in enumerate(held[q]) if hs == s]
+            value, liars, digests = majority_copy(copies, step=step,
+                                                  what=f"global statistic #{request}'s partial of slice {s} [{a}, {b})")
+            if liars:
+                honest = next(c.rank for c in copies if c.rank not in liars)
+                outcomes.append((s, a, b, liars, digests, digests[honest], "statistic"))
+                accused[liars] = 1.0
+            total = value.clone() if total is None else total.add_(value)
+        assert total is not None
+        return total.to(parts[0].device)

@@ -11,6 +11,9 @@ bit flip, malice) is a Byzantine aggregator. This module holds what both modes s
 - :func:`majority_copy`: the bit-exact vote among the copies of one slice (or of the whole
   aggregate in gather mode).
 - :func:`aggregator_requirement`: the honest-replica requirement, printable like a rule's.
+- :class:`Lockstep`: a distance-based rule run on each of a rank's ``r_a`` held slices at once, so
+  that every partial statistic (a slice's partial Gram matrix, its row norms) can be voted on
+  among its ``r_a`` holders before any rank uses the sum.
 
 Requirement (replicated servers as in El-Mhamdi, Guerraoui, Guirguis, Hoang, Rouault, "Genuinely
 distributed Byzantine machine learning", PODC 2020, whose servers run asynchronously and compare
@@ -27,8 +30,9 @@ holds the majority of a slice wins its vote (the honest replicas are then the on
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 
@@ -36,7 +40,9 @@ from ..errors import ConfigError, DesyncError, LyingAggregatorError
 from ..integrity import checksum
 
 __all__ = ["MISMATCH_POLICIES", "LIAR_POLICIES", "slice_holders", "held_slices", "Copy", "majority_copy",
-           "aggregator_requirement", "LyingAggregatorError", "AggregatorCheck", "sent_bytes"]
+           "aggregator_requirement", "LyingAggregatorError", "AggregatorCheck", "sent_bytes", "Lockstep"]
+
+T = TypeVar("T")
 
 #: ``on_aggregate_mismatch``: ``abort`` (a disagreement stops every rank: today's digest check) or
 #: ``vote`` (the bit-exact majority is used and the minority is named).
@@ -188,7 +194,119 @@ def aggregator_requirement(replicas: int, lying: int, policy: str) -> tuple[str,
     return f"r_a >= f_a + 1 (every lie detected): r_a={replicas}, f_a={lying}", int(replicas) >= int(lying) + 1
 
 
-def _record(step: int, rank: int, action: str, slices: list[dict[str, int]]) -> dict[str, Any]:
+class Lockstep:
+    """Run one function per held slice, in threads that meet at every global-statistic request.
+
+    A distance-based rule on coordinate slices asks for global statistics (a partial Gram matrix
+    summed over slices, row norms) between its own computations, and what it asks next depends
+    on the answer. With ``r_a`` held slices per rank, the rule runs once per held slice, each in
+    its own thread on its own block exactly as a rank holding that block alone would (so honest
+    replicas of a slice compute the same bytes); at every request all ``k`` threads hand in their
+    partial (the :class:`~robustagg.distributed.sharded.SliceStatistics` reducer of thread ``j``
+    is :meth:`reducer` ``(j)``), ``combine`` turns the ``k`` partials into the global value once
+    (the vote of :meth:`~robustagg.distributed.sharded_reduction.ShardedReduction._voted_sum`:
+    one collective per request, the same on every rank) and every thread goes on with its copy.
+
+    Honest threads ask the same sequence of requests (every decision is taken on the global
+    value, which is the same for all), so they meet at each. A thread that raises breaks the
+    meeting point: the others stop, and :meth:`run` raises the first real error.
+
+    Args:
+        k: the number of held slices (threads), >= 1.
+        combine: ``(list of k partials, each float64 of one shape) -> global value``.
+        timeout_s: how long a thread waits for the others at a request (a desync guard:
+            :class:`~robustagg.errors.DesyncError` after it).
+
+    Example:
+        >>> import torch
+        >>> ls = Lockstep(2, lambda parts: parts[0] + parts[1])
+        >>> [t.tolist() for t in ls.run([lambda red: red(torch.tensor([1.0])), lambda red: red(torch.tensor([2.0]))])]
+        [[3.0], [3.0]]
+    """
+
+    def __init__(self, k: int, combine: Callable[[list[torch.Tensor]], torch.Tensor], *, timeout_s: float = 300.0) -> None:
+        if int(k) < 1:
+            raise ConfigError(f"Lockstep: k={k} threads; need at least one held slice.")
+        self.k, self.combine, self.timeout_s = int(k), combine, float(timeout_s)
+        self._parts: list[Optional[torch.Tensor]] = [None] * self.k
+        self._result: Optional[torch.Tensor] = None
+        self._barrier = threading.Barrier(self.k, action=self._meet, timeout=self.timeout_s)
+        self._lock = threading.Lock()
+        self._done: set[int] = set()
+
+    def _meet(self) -> None:
+        parts = list(self._parts)
+        if any(p is None or p.shape != parts[0].shape for p in parts):  # type: ignore[union-attr]
+            raise DesyncError("the held slices' rules asked for different statistics at the same point "
+                              f"(shapes {[None if p is None else tuple(p.shape) for p in parts]}).")
+        self._result = self.combine([p for p in parts if p is not None])
+        self._parts = [None] * self.k
+
+    def reducer(self, j: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Thread ``j``'s reducer: hands in its partial, waits for the others, returns the global value (a copy)."""
+        def reduce(t: torch.Tensor) -> torch.Tensor:
+            with self._lock:
+                if self._done:  # another thread returned: nobody will meet this request
+                    raise _Broken()
+                self._parts[j] = t.to(torch.float64)
+            try:
+                self._barrier.wait()
+            except threading.BrokenBarrierError:
+                raise _Broken() from None
+            assert self._result is not None
+            return self._result.clone()
+        return reduce
+
+    def run(self, fns: Sequence[Callable[[Callable[[torch.Tensor], torch.Tensor]], T]]) -> list[T]:
+        """Call ``fns[j](self.reducer(j))`` for every ``j`` (thread 0 is the caller's); their results in order.
+
+        Raises:
+            DesyncError: the threads did not meet within ``timeout_s``, or one returned while
+                another still asked. Any other error: the first that a function (or ``combine``) raised.
+        """
+        if len(fns) != self.k:
+            raise ConfigError(f"Lockstep.run: {len(fns)} functions for k={self.k} held slices.")
+        results: list[Any] = [None] * self.k
+        errors: list[Optional[BaseException]] = [None] * self.k
+        grad = torch.is_grad_enabled()
+
+        def work(j: int) -> None:
+            try:
+                with torch.set_grad_enabled(grad):
+                    results[j] = fns[j](self.reducer(j))
+            except BaseException as exc:  # handed to the caller's thread below
+                errors[j] = exc
+                self._barrier.abort()  # the others stop at their next (or current) request
+            with self._lock:
+                self._done.add(j)
+                if self._barrier.n_waiting:  # someone waits for a request this thread will never make
+                    self._barrier.abort()
+
+        threads = [threading.Thread(target=work, args=(j,), name=f"robustagg-slice-{j}", daemon=True)
+                   for j in range(1, self.k)]
+        for t in threads:
+            t.start()
+        work(0)
+        for t in threads:
+            t.join()
+        real = [e for e in errors if e is not None and not isinstance(e, _Broken)]
+        if real:
+            raise real[0]
+        if any(e is not None for e in errors):
+            raise DesyncError(f"the {self.k} held slices' rules did not meet at every statistic request "
+                              f"within {self.timeout_s:g} s (one finished while another still asked).")
+        return results
+
+
+class _Broken(Exception):
+    """A thread's meeting point was broken by another thread (its error, or its end)."""
+
+
+def _of(outcome: Sequence[Any]) -> str:
+    return str(outcome[6]) if len(outcome) > 6 else "aggregate"
+
+
+def _record(step: int, rank: int, action: str, slices: list[dict[str, Any]]) -> dict[str, Any]:
     return {"kind": "lying_aggregator", "step": int(step) + 1, "ranks": [int(rank)], "slices": slices,
             "action": action}
 
@@ -210,7 +328,8 @@ class AggregatorCheck:
 
     Attributes:
         detections: this step's ``lying_aggregator`` records (1-based ``step``, ``ranks``, ``slices``:
-            ``[{"slice", "start", "end", "digest", "majority_digest"}]``, ``action``).
+            ``[{"slice", "start", "end", "of", "digest", "majority_digest"}]``, ``of``: ``aggregate``
+            or ``statistic``, ``action``).
         exclude: this step's ranks to exclude (``on_liar="exclude"``), ascending.
         previous: the previous step's aggregate, kept only while a lie is configured (``stale``).
 
@@ -260,14 +379,14 @@ class AggregatorCheck:
             self.previous = aggregate.detach().clone()
         return aggregate
 
-    def judge(self, step: int, outcomes: Sequence[tuple[int, int, int, list[int], dict[int, int], int]],
-              convicted: Optional[Sequence[int]] = None) -> None:
+    def judge(self, step: int, outcomes: Sequence[tuple[Any, ...]], convicted: Optional[Sequence[int]] = None) -> None:
         """Turn per-slice vote outcomes into records, or stop (``abort``).
 
         Args:
             step: the 0-based step id.
-            outcomes: ``(slice, start, end, liars, digests, majority digest)`` of every slice that
-                had a disagreement.
+            outcomes: ``(slice, start, end, liars, digests, majority digest[, of])`` of every slice
+                that had a disagreement; ``of`` is ``"aggregate"`` (default: the aggregated slice)
+                or ``"statistic"`` (a distance-based rule's partial statistic of that slice).
             convicted: the ranks every rank agreed to name (processes mode; default: every liar).
 
         Raises:
@@ -277,15 +396,16 @@ class AggregatorCheck:
         if not named and not outcomes:
             return
         if self.on_mismatch == "abort":
-            where = "; ".join(f"slice {s} [{a}, {b}): rank(s) {liars} differ from the majority" for s, a, b, liars, _, _
-                              in outcomes) or f"rank(s) {named} named by the other ranks"
+            where = "; ".join(f"slice {o[0]} [{o[1]}, {o[2]}){' partial statistic' if _of(o) == 'statistic' else ''}: "
+                              f"rank(s) {o[3]} differ from the majority" for o in outcomes) \
+                or f"rank(s) {named} named by the other ranks"
             raise DesyncError(f"step {step + 1}: the replicas of the aggregate disagree ({where}). A rank computed a "
                               "wrong aggregate; set trainer.on_aggregate_mismatch=vote to use the majority and name it, "
                               "or restore every rank from one committed checkpoint.")
         action = "excluded" if self.on_liar == "exclude" else "outvoted"
         for r in named:
-            slices = [{"slice": int(s), "start": int(a), "end": int(b), "digest": int(dg.get(r, 0)),
-                       "majority_digest": int(m)} for s, a, b, liars, dg, m in outcomes if r in liars]
+            slices = [{"slice": int(o[0]), "start": int(o[1]), "end": int(o[2]), "of": _of(o),
+                       "digest": int(o[4].get(r, 0)), "majority_digest": int(o[5])} for o in outcomes if r in o[3]]
             self.detections.append(_record(step, r, action, slices))
         if self.on_liar == "exclude":
             self.exclude = named

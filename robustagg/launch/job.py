@@ -97,7 +97,7 @@ class RunSettings:
             missing, after checking its SHA-256 against the committed manifests
             (:mod:`~robustagg.launch.peer`).
         aggregator_replicas: ``r_a``, ranks that compute each coordinate slice of the aggregate
-            (``reduction=sharded``, coordinate-wise rules; 1: each slice once, not cross-checked).
+            (``reduction=sharded``; 1: each slice once, not cross-checked).
         lying_aggregators: ``f_a``, the declared number of lying aggregator ranks; the requirement
             ``r_a >= 2 f_a + 1`` (``vote``) or ``r_a >= f_a + 1`` (``abort``) is checked before
             launch (:meth:`Job.aggregator_requirement`). on_aggregate_mismatch: ``abort`` or ``vote``.
@@ -419,11 +419,13 @@ class Job:
         Raises:
             ConfigError: replicas above ``n``; replicas, a vote, an exclusion or an ``aggregator_lie``
                 fault where processes host several workers (the cross-check compares processes);
-                replicas with a rule that is not coordinate-wise.
+                replicas with a rule that cannot be replicated
+                (:func:`~robustagg.distributed.sharded.supports_replication`: no sharded
+                implementation, or Bucketing in front).
             AssumptionError: the requirement fails and the rule is strict (``strict=false``:
                 warned about and recorded in :attr:`violations`).
         """
-        from ..distributed.sharded import supports_sharding
+        from ..distributed.sharded import supports_replication, supports_sharding
         from ..distributed.vote import aggregator_requirement
 
         s = self.settings
@@ -437,11 +439,10 @@ class Job:
             raise ConfigError(f"the aggregate cross-check ({s.key('aggregator_replicas')}, {s.key('on_aggregate_mismatch')}"
                               f", aggregator_lie faults) compares processes, one worker each: set "
                               f"{s.key('processes')}=0.")
-        if r > 1 and self.rule is not None and not self.rule.coordinatewise:
-            raise ConfigError(f"{s.key('aggregator_replicas')}={r} replicates coordinate-wise rules only (mean, median, "
-                              f"trimmed mean, MeaMed); {type(self.rule).__name__} needs global statistics whose partial "
-                              f"sums are not replicated. Use {s.key('reduction')}=gather with "
-                              f"{s.key('on_aggregate_mismatch')}=vote.")
+        if r > 1 and self.rule is not None and not supports_replication(self.rule):
+            raise ConfigError(f"{s.key('aggregator_replicas')}={r} cannot replicate {type(self.rule).__name__}: "
+                              f"{'Bucketing draws its permutation once per call, so the replicas of a slice would see different buckets' if supports_sharding(self.rule) else 'it has no sharded implementation'}. "
+                              f"Use {s.key('reduction')}=gather with {s.key('on_aggregate_mismatch')}=vote.")
         sharded = s.reduction == "sharded" or (s.reduction == "auto" and self.rule is not None
                                                and supports_sharding(self.rule))
         replicas = r if sharded else self.n

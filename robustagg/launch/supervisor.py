@@ -313,7 +313,8 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
                 if attempt.number:
                     raise WorkerFailedError(f"after {attempt.number} restart(s): {exc}", rank=exc.rank,
                                             error_type=exc.error_type, failures=exc.failures, lost=exc.lost,
-                                            terminated=exc.terminated, exitcodes=exc.exitcodes) from None
+                                            terminated=exc.terminated, exitcodes=exc.exitcodes, killed=exc.killed,
+                                            states=exc.states, heartbeats=exc.heartbeats, stacks=exc.stacks) from None
                 raise
             reason = (f"{det['kind']} detected at step {det['step']}: " if det.get("step") is not None
                       else f"{det['kind']}: ") + str(exc).splitlines()[0][:300]
