@@ -8,8 +8,8 @@ per rank, three ways:
 - ``gather``: ``all_gather`` every submission to every rank, stack, run the rule;
 - ``sharded``: :func:`robustagg.distributed.sharded.sharded_aggregate`, writing into a
   preallocated ``out=`` buffer;
-- ``reduction_r<k>`` (coordinate-wise rules, each ``k`` in ``aggregator_replicas`` up to the world
-  size): the trainer's whole :class:`~robustagg.distributed.ShardedReduction` step (headers, framed
+- ``reduction_r<k>`` (every rule that :func:`~robustagg.distributed.sharded.supports_replication`
+  holds for, each ``k`` in ``aggregator_replicas`` up to the world size): the trainer's whole :class:`~robustagg.distributed.ShardedReduction` step (headers, framed
   slices, integrity verdict, the rule, the return exchange) with every slice computed by ``k`` ranks
   and voted on (:mod:`robustagg.distributed.vote`); ``sent_mb`` is what one rank sends per step, and
   ``ratio_to_r1`` its time against ``k = 1`` in the same process group (issue 29's cost of no trusted
@@ -44,7 +44,7 @@ import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
 import robustagg as ra
-from robustagg.distributed.sharded import sharded_aggregate, supports_sharding
+from robustagg.distributed.sharded import sharded_aggregate, supports_replication, supports_sharding
 
 COLUMNS = ["mode", "rule", "world", "d", "backend", "median_ms", "ratio_to_allreduce", "sent_mb", "ratio_to_r1"]
 
@@ -110,7 +110,7 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out_path: str) -> None:
                     rule.reset()
                 ms = _timed(fn, cfg["repeats"], cfg["warmup"], device)
                 rows.append(dict(mode=mode, rule=name, world=world, d=int(d), backend=cfg["backend"], median_ms=ms))
-            if rule.coordinatewise:
+            if supports_replication(rule):
                 rows.extend(_replicated_rows(rule, name, local, world, int(d), cfg, device))
     if rank == 0:
         Path(out_path).write_text(json.dumps(rows))

@@ -324,9 +324,11 @@ class TrainerConf:
             1-based steps a..b-1; b = 0: for good), the reference run of a shrink and a rejoin.
         aggregator_replicas, lying_aggregators, on_aggregate_mismatch, on_lying_aggregator: no
             trusted aggregator (:mod:`robustagg.distributed.vote`): ``r_a`` ranks compute each
-            coordinate slice (``reduction=sharded``, coordinate-wise rules), ``f_a`` the declared
+            coordinate slice (``reduction=sharded``), ``f_a`` the declared
             lying aggregator ranks (``r_a >= 2 f_a + 1`` under ``vote``), ``abort`` or ``vote`` on a
             disagreement, ``continue`` with or ``exclude`` a named rank (needs ``on_failure=shrink``).
+        state_sharding: ``none`` or ``optimizer`` (each process owns its slice's optimizer state,
+            :mod:`robustagg.training.state_sharding`; processes mode, ``reduction=sharded``).
     """
 
     mode: Mode = Mode.processes
@@ -374,6 +376,7 @@ class TrainerConf:
     lying_aggregators: int = 0
     on_aggregate_mismatch: str = "abort"
     on_lying_aggregator: str = "continue"
+    state_sharding: str = "none"
 
 
 @dataclass

@@ -230,7 +230,7 @@ SETTING_KEYS: dict[str, str] = {
                                    "resume_changes", "max_restarts", "on_failure", "shrink_shards", "straggler_factor",
                                    "processes", "measure_bias", "precision", "rejoin", "peer_copy",
                                    "membership", "batched_gradients", "aggregator_replicas", "lying_aggregators",
-                                   "on_aggregate_mismatch", "on_lying_aggregator")},
+                                   "on_aggregate_mismatch", "on_lying_aggregator", "state_sharding")},
     "seed": "seed", "checkpoint_every": "trainer.checkpoint.every", "checkpoint_keep": "trainer.checkpoint.keep",
     "ckpt_dir": "trainer.checkpoint.dir", "logger": "logger",
 }
@@ -330,7 +330,7 @@ class Plan:
             membership=OmegaConf.to_container(tr.membership, resolve=True) if tr.membership else [],
             aggregator_replicas=int(tr.aggregator_replicas), lying_aggregators=int(tr.lying_aggregators),
             on_aggregate_mismatch=str(tr.on_aggregate_mismatch), on_lying_aggregator=str(tr.on_lying_aggregator),
-            logger=self.logger(), key_names=SETTING_KEYS)
+            state_sharding=str(tr.state_sharding), logger=self.logger(), key_names=SETTING_KEYS)
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}
@@ -742,12 +742,26 @@ def _trainer_checks(cfg: DictConfig) -> None:
         (str(tr.resume) != "", "trainer.resume must be auto, never or a checkpoint folder; got an empty string."),
         *_model_checks(cfg.model),
         *_optimizer_checks(cfg.get("optimizer")),
+        *_state_sharding_checks(cfg),
     ]
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
     _callback_checks(tr.callbacks)
     _rendezvous_checks(cfg)
+
+
+def _state_sharding_checks(cfg: DictConfig) -> list[tuple[bool, str]]:
+    """``trainer.state_sharding=optimizer``: an elementwise optimizer (by its ``_target_``), before any process starts."""
+    from robustagg.training.state_sharding import ELEMENTWISE
+
+    if str(cfg.trainer.get("state_sharding", "none")) != "optimizer":
+        return []
+    target = str((cfg.get("optimizer") or {}).get("_target_", ""))
+    name = target.rsplit(".", 1)[-1]
+    return [(target.startswith("torch.optim.") and name in ELEMENTWISE,
+             f"trainer.state_sharding=optimizer needs an optimizer that updates each coordinate from its own gradient "
+             f"and state ({', '.join(ELEMENTWISE)} of torch.optim); got optimizer._target_={target}.")]
 
 
 def _batched_check(cfg: DictConfig, model: torch.nn.Module, data: DataBundle) -> None:

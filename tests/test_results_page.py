@@ -152,5 +152,7 @@ def test_the_replicated_reduction_cost_quoted_on_the_threat_model_is_the_committ
     assert (r3["world"] == 8).all() and (r3["d"] == 10_000_000).all()
     assert f"{r3.loc['trimmed_mean', 'ratio_to_r1']:.2f}× (trimmed mean)" in page
     assert f"{r3.loc['coordinate_median', 'ratio_to_r1']:.2f}× (median)" in page
+    assert f"{r3.loc['krum', 'ratio_to_r1']:.2f}× (Krum)" in page
+    assert f"{r3.loc['geometric_median', 'ratio_to_r1']:.2f}× (geometric median" in page
     r1 = t[t["mode"] == "reduction_r1"].set_index("rule")
     assert f"sends {r3['sent_mb'].iloc[0]:.0f} MB per step at r_a = 3 against {r1['sent_mb'].iloc[0]:.0f} MB" in page

@@ -96,6 +96,11 @@ class RunSettings:
             workers it holds in the ring; a replacement takes it when its disk copy is older or
             missing, after checking its SHA-256 against the committed manifests
             (:mod:`~robustagg.launch.peer`).
+        state_sharding: ``none`` or ``optimizer``: each process owns the optimizer state of the
+            coordinate slice it aggregates and applies the server step to it alone, the slices
+            all-gathered after (:mod:`~robustagg.training.state_sharding`; needs
+            ``mode=processes``, ``reduction=sharded``, one worker per process, an elementwise
+            optimizer, protocol ``dsgd``; not with ``rejoin``).
         aggregator_replicas: ``r_a``, ranks that compute each coordinate slice of the aggregate
             (``reduction=sharded``; 1: each slice once, not cross-checked).
         lying_aggregators: ``f_a``, the declared number of lying aggregator ranks; the requirement
@@ -157,6 +162,7 @@ class RunSettings:
     lying_aggregators: int = field(default=0, metadata=limit(0, None, "declared lying aggregator ranks", integer=True))
     on_aggregate_mismatch: str = "abort"
     on_lying_aggregator: str = "continue"
+    state_sharding: str = "none"
     membership: list[Any] = field(default_factory=list)
     logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     key_names: dict[str, str] = field(default_factory=dict)
@@ -180,7 +186,8 @@ class RunSettings:
                    "device": ("cpu", "cuda"), "backend": ("gloo", "nccl"),
                    "start_method": ("auto", "fork", "spawn", "forkserver"), "resume_changes": ("refuse", "allow"),
                    "on_failure": ("restart", "shrink"), "shrink_shards": ("drop", "redistribute"),
-                   "on_aggregate_mismatch": ("abort", "vote"), "on_lying_aggregator": ("continue", "exclude")}
+                   "on_aggregate_mismatch": ("abort", "vote"), "on_lying_aggregator": ("continue", "exclude"),
+                   "state_sharding": ("none", "optimizer")}
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{self.key(key)} must be one of {', '.join(allowed)}; got {getattr(self, key)!r}.")
@@ -202,6 +209,17 @@ class RunSettings:
                               f"{self.key('reduction')}=sharded; with gather every rank computes the whole aggregate "
                               f"already: set {self.key('on_aggregate_mismatch')}=vote to outvote a lying rank, or "
                               f"{self.key('reduction')}=sharded.")
+        if self.state_sharding == "optimizer":
+            wrong = [f"{self.key(k)}={getattr(self, k)}" for k, ok in (
+                ("mode", self.mode == "processes"), ("reduction", self.reduction == "sharded"),
+                ("rejoin", not self.rejoin), ("processes", int(self.processes) == 0)) if not ok]
+            if wrong:
+                raise ConfigError(f"{self.key('state_sharding')}=optimizer gives each process the optimizer state of "
+                                  f"the slice it aggregates: it needs {self.key('mode')}=processes and "
+                                  f"{self.key('reduction')}=sharded with one worker per process ({self.key('processes')}=0), and a replacement "
+                                  f"cannot join a sharded group yet "
+                                  f"({self.key('rejoin')}=false; a shrink re-slices the state from the last commit); "
+                                  f"got {', '.join(wrong)}.")
         if self.peer_copy and not self.rejoin:
             raise ConfigError(f"{self.key('peer_copy')}=true keeps the lost workers' own state for their replacements: "
                               f"it needs {self.key('rejoin')}=true (and {self.key('on_failure')}=shrink).")

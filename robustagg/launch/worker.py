@@ -120,7 +120,8 @@ def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: A
                       num_classes=int(parts.num_classes), seed=int(s.seed), scheduler=parts.scheduler,
                       worker_momentum=float(s.worker_momentum), byzantine=parts.byzantine, metrics=bool(s.metrics),
                       identities=ids, injector=injector, measure_bias=bool(s.measure_bias),
-                      precision=str(s.precision), batched_gradients=bool(s.batched_gradients), **extra)
+                      precision=str(s.precision), batched_gradients=bool(s.batched_gradients),
+                      state_sharding=str(s.state_sharding), **extra)
     return parts, trainer, injector
 
 
@@ -141,6 +142,20 @@ def _aggregator_cost(job: Job, trainer: Trainer, comm: Communicator) -> dict[str
                      aggregated_coordinates=sum(sizes[s] for s in held_slices(0, world, r)),
                      aggregated_coordinates_r1=sizes[0])
     return block
+
+
+def _state_sharding(trainer: Trainer) -> dict[str, Any]:
+    """The summary's ``state_sharding``: the mode and rank 0's optimizer-state bytes, with the
+    unsharded optimizer's for comparison (:mod:`~robustagg.training.state_sharding`)."""
+    from ..training.state_sharding import optimizer_state_bytes
+
+    shard = trainer.optimizer_shard
+    if shard is None:
+        held = optimizer_state_bytes(trainer.optimizer)
+        return {"mode": "none", "optimizer_state_bytes": held, "optimizer_state_bytes_unsharded": held}
+    return {"mode": "optimizer", "optimizer_state_bytes": shard.state_bytes(),
+            "optimizer_state_bytes_unsharded": shard.unsharded_bytes(), "coordinates": shard.end - shard.start,
+            "d": shard.d}
 
 
 def _checkpointer(job: Job, attempt: Attempt, store: Optional[CheckpointStore], injector: Optional[FaultInjector],
@@ -334,6 +349,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                                    **detected_faults(read_jsonl(out / "detections.jsonl"))},
                         "straggler": stragglers.report() if stragglers is not None else {},
                         "aggregator_check": _aggregator_cost(job, trainer, comm),
+                        "state_sharding": _state_sharding(trainer),
                         "checkpoint_dir": None if store is None else str(store.root)})
         if grown is not None:
             summary["grown"] = grown

@@ -272,6 +272,14 @@ def _read_state(trainer: "Trainer", ck: Checkpoint, names: list[str]) -> dict[st
             if int(wid) in worker_ids:
                 workers[int(wid)] = w
     replicated = {k: v for k, v in parts[REPLICATED].items() if k != IDENTITY}
+    if replicated.get("optimizer_sharding"):  # every rank's shard: the new slicing may cut them otherwise
+        others = [f for f in (ck.manifest.get("hosts") or {}) if f not in parts]
+        more = {name: ck.load(name) for name in others}
+        problems = [p for name, part in more.items() for p in _identity_problems(part, name, ck.manifest)]
+        if problems:
+            raise CheckpointError("; ".join(problems))
+        replicated["optimizer_shards"] = [p["optimizer_shard"] for p in [*parts.values(), *more.values()]
+                                          if isinstance(p, dict) and "optimizer_shard" in p]
     return {"replicated": replicated, "local": {**local, "workers": workers}}
 
 

@@ -57,6 +57,7 @@ from .precision import MAX_BACKOFFS, Precision, Retry, autocast, new_scaler, par
 from .sampler import ShardSampler, mix_seed
 from .schedules import restore_schedule
 from .state import capture_rng, restore_rng
+from .state_sharding import OptimizerShard, full_shard, state_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..distributed.header import Header
@@ -197,6 +198,12 @@ class Trainer:
         batched_gradients: compute the hosted workers' gradients of an update in one
             ``torch.func.vmap`` call (:mod:`~robustagg.training.batched`; not bit-identical to the
             per-worker loop in general, see there). Default ``False``.
+        state_sharding: ``"none"`` or ``"optimizer"``: this process owns the optimizer state of
+            the coordinates its rank aggregates (:func:`~robustagg.distributed.sharded.shard_bounds`)
+            and applies the server step to them; the parameter slices are all-gathered after
+            (:class:`~robustagg.training.state_sharding.OptimizerShard`; bit-identical parameters).
+            Needs a process group with one worker per process, protocol ``dsgd``, an optimizer of
+            :data:`~robustagg.training.state_sharding.ELEMENTWISE` over every trainable parameter.
 
     Raises:
         ConfigError: hosted workers and shards differ, Byzantine ranks out of range, every worker
@@ -204,7 +211,8 @@ class Trainer:
             hosted workers with distinct ids, an unknown ``precision``, or ``fp16`` with an
             optimizer that does not hold every trainable parameter (the scaler unscales through it),
             or ``batched_gradients`` with a model, protocol or precision that
-            :func:`~robustagg.training.batched.check_batchable` refuses.
+            :func:`~robustagg.training.batched.check_batchable` refuses, or ``state_sharding``
+            unknown or outside its needs (above).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduction: Reduction,
@@ -214,7 +222,8 @@ class Trainer:
                  identities: Optional[Mapping[int, int]] = None, injector: Optional["FaultInjector"] = None,
                  batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
                  root: Optional[Shard] = None, protocol: Optional["Protocol"] = None,
-                 measure_bias: bool = False, precision: Any = "32", batched_gradients: bool = False) -> None:
+                 measure_bias: bool = False, precision: Any = "32", batched_gradients: bool = False,
+                 state_sharding: str = "none") -> None:
         self.comm = reduction.comm
         self.root, self.seed = root, int(seed)
         if sorted(shards) != list(self.comm.local_ranks):
@@ -248,6 +257,8 @@ class Trainer:
         self.metrics = bool(metrics)
         self.step_id = 0
         self.batch_loss = batch_loss
+        #: this process's slice of the optimizer state (``state_sharding="optimizer"``), else ``None``.
+        self.optimizer_shard: Optional[OptimizerShard] = self._shard_optimizer(str(state_sharding), protocol)
         #: the position of every hosted worker's data: a sampler over a Shard, or the source itself.
         self.samplers: dict[int, Any] = {
             r: (ShardSampler(len(s), batch_size, seed=seed, rank=self.identities[r]) if isinstance(s, Shard) else
@@ -518,6 +529,30 @@ class Trainer:
         torch.set_rng_state(saved)
         rule.set_trusted(g0)
 
+    def _shard_optimizer(self, mode: str, protocol: Any) -> Optional[OptimizerShard]:
+        if mode not in ("none", "optimizer"):
+            raise ConfigError(f"state_sharding must be none or optimizer; got {mode!r}.")
+        if mode == "none":
+            return None
+        from ..distributed import ProcessGroupComm
+        from ..distributed.sharded import shard_bounds
+
+        comm = self.comm
+        if not isinstance(comm, ProcessGroupComm) or comm.num_processes != comm.world_size:
+            raise ConfigError("state_sharding=optimizer gives each process the optimizer state of its rank's slice: it "
+                              "needs a process group with one worker per process (trainer.mode=processes, "
+                              "trainer.processes=0).")
+        name = getattr(protocol, "name", "dsgd") if protocol is not None else "dsgd"
+        if name != "dsgd":
+            raise ConfigError(f"state_sharding=optimizer applies the server step of protocol dsgd; protocol {name!r} "
+                              "has its own update. Use protocol=dsgd or state_sharding=none.")
+        held = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        if held != {id(p) for p in self.params}:
+            raise ConfigError("state_sharding=optimizer needs an optimizer over exactly the model's trainable "
+                              "parameters (each coordinate's state is placed by its position in the flat vector).")
+        d = sum(p.numel() for p in self.params)
+        return OptimizerShard(self.optimizer, self.params, shard_bounds(d, comm.world_size), comm.rank, group=comm.group)
+
     def apply(self, aggregate: torch.Tensor) -> None:
         """Set every parameter's gradient to its slice of ``aggregate`` and take one optimizer (and
         scheduler) step. :meth:`step` calls it once per step; calling it again re-applies an update
@@ -525,9 +560,15 @@ class Trainer:
 
         Shape: ``aggregate`` ``(d,)``, :meth:`num_parameters` long.
         """
-        for p, g in zip(self.params, unflatten_like(aggregate.to(self.params[0].dtype), self.params)):
-            p.grad = g.clone()
-        self.optimizer.step()
+        if self.optimizer_shard is not None:  # this slice's step, then every slice all-gathered
+            self.optimizer_shard.step(aggregate)
+            for p in self.params:
+                p.grad = None
+            self.optimizer.step()  # no gradients: a no-op that keeps the scheduler's step order
+        else:
+            for p, g in zip(self.params, unflatten_like(aggregate.to(self.params[0].dtype), self.params)):
+                p.grad = g.clone()
+            self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
 
@@ -591,6 +632,8 @@ class Trainer:
                 "comm_seq": self.comm.seq,
                 "last_digest": self.reduction.last_digest,
                 "protocol": self.protocol.state_dict(),
+                **({} if self.optimizer_shard is None else {"optimizer_sharding": {
+                    "d": self.optimizer_shard.d, "world": len(self.optimizer_shard.bounds)}}),
             },
             "local": {
                 "workers": {self.identities[r]: {"sampler": self.samplers[r].state_dict(),
@@ -601,8 +644,30 @@ class Trainer:
                 "rng": capture_rng(),
                 "attack": byz.state_dict() if byz is not None else {},
                 "attack_generator": self.attack_generator.get_state(),
+                **({} if self.optimizer_shard is None else {"optimizer_shard": self.optimizer_shard.export()}),
             },
         }
+
+    def _load_optimizer(self, rep: Mapping[str, Any], loc: Mapping[str, Any]) -> None:
+        """The optimizer's hyperparameters from ``rep``; its state from the full state (unsharded
+        checkpoint) or from the shards (``rep["optimizer_shards"]``, every rank's, which a restore
+        reads; else this rank's own ``loc["optimizer_shard"]``), re-sliced to this trainer's slicing."""
+        self.optimizer.load_state_dict(rep["optimizer"])  # hyperparameters, and the full state if unsharded
+        if rep.get("optimizer_sharding"):
+            shards = list(rep.get("optimizer_shards") or ([loc["optimizer_shard"]] if "optimizer_shard" in loc else []))
+        elif self.optimizer_shard is not None:
+            shards = [full_shard(rep["optimizer"], self.optimizer, self.params)]
+        else:
+            return  # unsharded into unsharded: loaded above
+        if self.optimizer_shard is not None:
+            self.optimizer.state.clear()  # the full optimizer holds hyperparameters only
+            self.optimizer_shard.load(shards)
+            return
+        for i, p in enumerate(self.params):  # a sharded checkpoint into an unsharded trainer: reassemble
+            st = state_for(shards, i, 0, p.numel(), p)
+            if st:
+                self.optimizer.state[p] = {k: (v.view_as(p) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                                           for k, v in st.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (the ``local`` part must be this process's own).
@@ -619,7 +684,7 @@ class Trainer:
         self._prefetched = {}
         self.step_id = int(rep["step"])
         self.model.load_state_dict(rep["model"])
-        self.optimizer.load_state_dict(rep["optimizer"])
+        self._load_optimizer(rep, loc)
         if self.scheduler is not None and rep.get("scheduler") is not None:
             restore_schedule(self.scheduler, rep["scheduler"])  # a length that follows trainer.steps follows it
         self.reduction.rule.load_state_dict(rep["rule"])
