@@ -98,3 +98,31 @@ def test_an_optimizer_that_is_not_elementwise_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"needs an optimizer that updates each coordinate .* got optimizer._target_=torch.optim.LBFGS"):
         train(_cfg("trainer.state_sharding=optimizer", "optimizer._target_=torch.optim.LBFGS", "~optimizer.momentum",
                    "~optimizer.weight_decay", "~optimizer.nesterov"), out_dir=tmp_path / "run", quiet=True)
+
+
+def test_a_world_4_commit_resumes_re_sliced_at_world_3_as_the_unsharded_state_does(tmp_path):
+    models = {}
+    for mode in ("none", "optimizer"):
+        first = ["optimizer=adam", "aggregator=coordinate_median", "trainer.checkpoint.every=2", "trainer.steps=4",
+                 f"trainer.state_sharding={mode}"]
+        _run(tmp_path, f"{mode}-4", *first)
+        ck = sorted((tmp_path / f"{mode}-4" / "checkpoints").glob("step-*"))[-1]
+        s, models[mode] = _run(tmp_path, f"{mode}-3", *first[:-2], "trainer.steps=6", "threat.n=3",
+                               f"trainer.resume={ck}", "trainer.resume_changes=allow", f"trainer.state_sharding={mode}")
+        assert (s["n"], s["steps"], s["resumed_from"]) == (3, 6, 4)
+    assert models["optimizer"] == models["none"]
+
+
+def test_the_memory_and_identity_quoted_on_the_docs_page_are_the_committed_benchmark():
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[1]
+    t = pd.read_csv(root / "docs" / "results" / "state_sharding.csv")
+    page = (root / "docs" / "state-sharding.md").read_text()
+    assert t["identical"].all() and set(t["world"]) == {4, 8} and (t["steps"] == 20).all()
+    assert f"ResNet-20 ({t['d'].iloc[0]:,} parameters)" in page
+    for world in (4, 8):
+        row = t[(t["world"] == world) & (t["mode"] == "optimizer")].iloc[0]
+        assert f"{row['optimizer_state_bytes']:,} bytes" in page and f"({row['fraction']:.3f})" in page
+        assert abs(row["fraction"] - 1 / world) < 0.001  # the per-parameter step counters are all it adds
+    assert f"{t['unsharded_bytes'].iloc[0]:,} unsharded" in page
