@@ -12,8 +12,9 @@ per rank, three ways:
   holds for, each ``k`` in ``aggregator_replicas`` up to the world size): the trainer's whole :class:`~robustagg.distributed.ShardedReduction` step (headers, framed
   slices, integrity verdict, the rule, the return exchange) with every slice computed by ``k`` ranks
   and voted on (:mod:`robustagg.distributed.vote`); ``sent_mb`` is what one rank sends per step, and
-  ``ratio_to_r1`` its time against ``k = 1`` in the same process group (issue 29's cost of no trusted
-  aggregator).
+  ``ratio_to_r1`` its time against ``k = 1`` in the same process group, the ``k`` timed in alternation
+  (one call of each per round) so that the machine's load moves them alike (issue 29's cost of no
+  trusted aggregator).
 
 Both ``allreduce`` and ``sharded`` reduce into a buffer allocated once before timing, as a
 training loop would (gradient buckets, a persistent update buffer): at ``d = 1e7`` a fresh 40 MB
@@ -71,6 +72,25 @@ def _timed(fn: Callable[[], Any], repeats: int, warmup: int, device: torch.devic
     return statistics.median(times)
 
 
+def _timed_interleaved(fns: list[Callable[[], Any]], repeats: int, warmup: int,
+                       device: torch.device) -> list[float]:
+    """:func:`_timed` of several functions in alternation (one call of each per round), so that a
+    change of the machine's load hits each alike: the median of each, in milliseconds."""
+    times: list[list[float]] = [[] for _ in fns]
+    for i in range(warmup + repeats):
+        for j, fn in enumerate(fns):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                times[j].append(float(elapsed) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
 def _worker(rank: int, world: int, port: int, cfg: dict, out_path: str) -> None:
     torch.set_num_threads(int(cfg["threads"]))
     use_cuda = cfg["backend"] == "nccl"
@@ -126,21 +146,20 @@ def _replicated_rows(rule: Any, name: str, local: torch.Tensor, world: int, d: i
     from robustagg.distributed.vote import AggregatorCheck, sent_bytes
 
     comm = ProcessGroupComm(device=device)
-    out = []
-    for k in [int(k) for k in cfg.get("aggregator_replicas", [1, 3]) if int(k) <= world]:
+    ks = [int(k) for k in cfg.get("aggregator_replicas", [1, 3]) if int(k) <= world]
+    calls = []
+    for k in ks:
         red = ShardedReduction(rule, comm, metrics=False)
         red.check = AggregatorCheck(replicas=k, on_mismatch="vote")
-        step = [0]
 
-        def reduce() -> None:
+        def reduce(red: ShardedReduction = red, step: list[int] = [0]) -> None:
             red.reduce({comm.rank: local}, step=step[0])
             step[0] += 1
 
-        ms = _timed(reduce, cfg["repeats"], cfg["warmup"], device)
-        sent = sent_bytes(d, world, k, local.element_size())
-        out.append(dict(mode=f"reduction_r{k}", rule=name, world=world, d=d, backend=cfg["backend"], median_ms=ms,
-                        sent_mb=sent / 1e6))
-    return out
+        calls.append(reduce)
+    times = _timed_interleaved(calls, cfg["repeats"], cfg["warmup"], device)  # r_a = 1 and 3 under the same load
+    return [dict(mode=f"reduction_r{k}", rule=name, world=world, d=d, backend=cfg["backend"], median_ms=ms,
+                 sent_mb=sent_bytes(d, world, k, local.element_size()) / 1e6) for k, ms in zip(ks, times)]
 
 
 def run_benchmark(cfg: dict) -> pd.DataFrame:

@@ -151,7 +151,8 @@ def test_processes_sharded_with_three_replicas_trains_as_if_nobody_lied(tmp_path
     sizes = [d // 4 + (1 if i < d % 4 else 0) for i in range(4)]
     held = sizes[0] + sizes[3] + sizes[2]
     assert (check["aggregated_coordinates"], check["aggregated_coordinates_r1"]) == (held, sizes[0])
-    assert check["sent_bytes_per_step"] == 3 * (4 * d + 8 * 4) + 4 * 4 * held  # frames in, 4 copies back
+    # frames in, 3 digests to each rank, its own aggregated slice to each rank (each slice goes out once)
+    assert check["sent_bytes_per_step"] == 3 * (4 * d + 8 * 4) + 4 * 3 * 8 + 4 * 4 * sizes[0]
     assert check["sent_bytes_per_step_r1"] == (4 * d + 8 * 4) + 4 * 4 * sizes[0]
     _, once, nothing = _run(tmp_path, "r1", "trainer.mode=processes", "threat.n=4", "threat.f=1",
                             "trainer.reduction=sharded", "faults=[aggregator_lie]")
@@ -174,6 +175,24 @@ def test_distance_based_rules_vote_on_every_partial_statistic_and_train_as_if_no
     assert sorted({x["slice"] for x in det["slices"] if x["of"] == "statistic"}) == held
     assert sorted(x["slice"] for x in det["slices"] if x["of"] == "aggregate") == held
     assert all(x["digest"] != x["majority_digest"] for x in det["slices"])
+
+
+def _two_faced(step, rank, blocks):
+    """Rank 1 at step 3 claims its honest digests but sends doubled values (in both returns)."""
+    flat = torch.cat([b.detach() for b in blocks])
+    return flat * 2 if (step, rank) == (2, 1) else flat
+
+
+def test_a_rank_that_claims_the_majority_digest_but_sends_other_bytes_is_caught_where_they_arrive(tmp_path,
+                                                                                               monkeypatch):
+    from robustagg.distributed import ShardedReduction
+
+    _, ref, _ = _run(tmp_path, "ref", *SHARDED5, "aggregator=trimmed_mean")
+    monkeypatch.setattr(ShardedReduction, "send_hook", staticmethod(_two_faced))  # forked workers inherit it
+    _, lied, (det,) = _run(tmp_path, "lie", *SHARDED5, "aggregator=trimmed_mean")
+    assert lied == ref  # every rank refetched slice 1 from all its holders and kept the majority
+    assert (det["step"], det["ranks"], det["action"]) == (3, [1], "outvoted")
+    assert [x["slice"] for x in det["slices"]] == [1]  # the one slice it was the first honest-looking holder of
 
 
 def test_a_lie_in_the_last_bits_of_a_partial_gram_is_caught_too(tmp_path):

@@ -126,3 +126,14 @@ def test_the_memory_and_identity_quoted_on_the_docs_page_are_the_committed_bench
         assert f"{row['optimizer_state_bytes']:,} bytes" in page and f"({row['fraction']:.3f})" in page
         assert abs(row["fraction"] - 1 / world) < 0.001  # the per-parameter step counters are all it adds
     assert f"{t['unsharded_bytes'].iloc[0]:,} unsharded" in page
+
+
+def test_a_resume_into_a_larger_group_is_refused_before_any_process_starts(tmp_path):
+    first = ["optimizer=adam", "aggregator=coordinate_median", "trainer.checkpoint.every=2", "trainer.steps=2"]
+    _run(tmp_path, "four", *first)
+    ck = sorted((tmp_path / "four" / "checkpoints").glob("step-*"))[-1]
+    with pytest.raises(ConfigError, match=r"threat.n: 4 -> 5: the checkpoint holds the own state .* of workers "
+                                          r"\[0, 1, 2, 3\] only"):
+        train(_cfg(*first, "threat.n=5", f"trainer.resume={ck}", "trainer.resume_changes=allow"),
+              out_dir=tmp_path / "five", quiet=True)
+    assert not (tmp_path / "five" / "checkpoints").exists() or not any((tmp_path / "five" / "checkpoints").glob("step-*"))

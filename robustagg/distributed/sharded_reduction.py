@@ -23,7 +23,7 @@ from .header import Header, dtype_of, step_name
 from .reduction import NonFinitePolicy, Reduced, Transform, frame, register_reduction, unframe
 from .sharded import (AUTO_MIN_D, SliceStatistics, aggregate_block, block_shares, shard_bounds, stateful_clipping_of,
                       supports_replication, supports_sharding)
-from .vote import Copy, Lockstep, held_slices, majority_copy, slice_holders
+from .vote import Copy, Lockstep, held_slices, majority_copy, majority_digest, slice_holders
 
 __all__ = ["ShardedReduction", "ShardedReduced", "AUTO_MIN_D"]
 
@@ -140,6 +140,11 @@ class ShardedReduction(GatherReduction):
         #: compute the metric moments (and shares) every step; the same on every rank.
         self.metrics = bool(metrics)
         self._wire: Optional[tuple[tuple[Any, ...], torch.Tensor, torch.Tensor]] = None
+
+    #: Test hook of the replicated return, a class attribute (``(step, rank, aggregated slices) ->
+    #: the flat values sent``): what a rank that claims one digest and sends other bytes does.
+    #: ``None`` in every run.
+    send_hook: Optional[Callable[[int, int, list[torch.Tensor]], torch.Tensor]] = None
 
     def _wire_buffers(self, device: torch.device, dtype: torch.dtype, world: int, d: int,
                       mine: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,12 +297,17 @@ class ShardedReduction(GatherReduction):
         :class:`~robustagg.distributed.vote.Lockstep`, and at each global-statistic request every
         rank all-gathers the partials of its held slices, so every rank holds ``r_a`` copies of
         every slice's partial; the bit-exact majority of each is summed in slice order
-        (:meth:`_voted_sum`), so a liar's partial never reaches the sum. (3) ``all_to_all``: every
-        rank sends every rank its ``r_a`` aggregated slices, so every rank holds ``r_a`` copies of
-        every slice (``r_a x d`` values). (4) The bit-exact majority of each slice is used
-        (:func:`~robustagg.distributed.vote.majority_copy`); every rank all-reduces the count of
-        accusations against each rank (an outvoted partial counts on every rank, since every rank
-        saw the same table), so that every rank names (``vote``: accused by a strict majority of
+        (:meth:`_voted_sum`), so a liar's partial never reaches the sum. (3) Every rank all-gathers
+        every holder's digest of each aggregated slice (``world x r_a`` ``int64``) and takes each
+        slice's strict-majority digest (:func:`~robustagg.distributed.vote.majority_digest`); the
+        holders that claimed another are accused on every rank. (4) ``all_to_all``: each slice goes
+        out once, from its first holder whose digest is the majority's (about ``d`` values per rank,
+        as with ``r_a = 1``), and every rank checks each copy against the majority digest on
+        arrival. A holder that claimed the majority's digest and sent other bytes is accused by the
+        ranks that got them; a flag per slice is all-reduced with the accusations, and for every
+        flagged slice every holder sends its copy to every rank and the bit-exact majority of the
+        copies (:func:`~robustagg.distributed.vote.majority_copy`) is used (the fallback, ``r_a``
+        copies of those slices only). Every rank names (``vote``: accused by a strict majority of
         ranks) or stops on (``abort``: accused by any) the same ranks. Metrics and row shares come
         from each rank's own slice (``s = rank``) only, which is not cross-checked.
 
@@ -328,7 +338,7 @@ class ShardedReduction(GatherReduction):
         back_sizes = [sum(sizes[s] for s in held[q]) for q in range(world)]
         mine_total = back_sizes[rank]
         send_buf, recv, back = self._replica_buffers(comm.device, dtype, sum(send_sizes), world * per_src,
-                                                     sum(back_sizes))
+                                                     d)
         slice_sums = [torch.tensor([checksum(local[a:b])], dtype=torch.int64).view(torch.uint8).to(local.device)
                       for a, b in bounds]  # each slice hashed once, framed for each of its r_a holders
         at = 0
@@ -394,26 +404,52 @@ class ShardedReduction(GatherReduction):
         moments = self._moments(xs[0], out_blocks[0], stats) if self.metrics else {}
         if lie is not None:
             out_blocks = [chk.lied(lie, ob, *bounds[s]) for ob, s in zip(out_blocks, held[rank])]
-        final = send_buf[:world * mine_total * size].view(dtype).view(world, mine_total)
-        final.copy_(torch.cat([ob.detach().to(dtype) for ob in out_blocks]).expand(world, mine_total))
+        aggregate = torch.empty(d, dtype=dtype, device=comm.device)  # the caller's, never reused
+        # (3) every holder's digest of every held slice: a world x r_a int64 table on every rank
+        claims = self._digest_table(out_blocks, held, step)
+        majority: list[int] = []
+        sender: list[int] = []
+        for s, (a, b) in enumerate(bounds):
+            m, liars = majority_digest(claims[s], step=step, what=f"slice {s} [{a}, {b})")
+            majority.append(m)
+            sender.append(next(q for q in slice_holders(world, chk.replicas)[s] if claims[s][q] == m))
+            if liars:
+                outcomes.append((s, a, b, liars, dict(claims[s]), m, "aggregate"))
+                accused[liars] = 1.0
+        # (4) each slice once, from its first holder whose digest is the majority's; checked on arrival
+        mine_out = [ob for ob, s in zip(out_blocks, held[rank]) if sender[s] == rank]
+        width = sum(int(ob.numel()) for ob in mine_out)
+        recv_sizes = [sum(sizes[s] for s in held[q] if sender[s] == q) for q in range(world)]
+        final = send_buf[:world * width * size].view(dtype).view(world, width)
+        if width:
+            final.copy_((torch.cat([ob.detach().to(dtype) for ob in mine_out])
+                         if self.send_hook is None else self.send_hook(step, rank, mine_out)).expand(world, width))
+        got = back[:d]
         self._collective("all_to_all", final, lambda: dist.all_to_all_single(
-            back, final.reshape(-1), output_split_sizes=back_sizes, input_split_sizes=[mine_total] * world,
-            group=group))
-        where: dict[int, list[Copy]] = {s: [] for s in range(world)}
+            got, final.reshape(-1), output_split_sizes=recv_sizes, input_split_sizes=[width] * world, group=group))
+        wrong = torch.zeros(world, dtype=torch.float64)  # slices whose copy here is not the majority's bytes
         at = 0
         for q in range(world):
             for s in held[q]:
-                where[s].append(Copy(q, back[at:at + sizes[s]]))
+                if sender[s] != q:
+                    continue
+                a, b = bounds[s]
+                piece = got[at:at + sizes[s]]
                 at += sizes[s]
-        aggregate = torch.empty(d, dtype=dtype, device=comm.device)  # the caller's, never reused
-        for s, (a, b) in enumerate(bounds):
-            value, liars, digests = majority_copy(where[s], step=step, what=f"slice {s} [{a}, {b})")
-            aggregate[a:b] = value
-            if liars:
-                honest = next(c.rank for c in where[s] if c.rank not in liars)
-                outcomes.append((s, a, b, liars, digests, digests[honest], "aggregate"))
-                accused[liars] = 1.0
-        counts = self._allreduce(accused.to(comm.device)).cpu()
+                if checksum(piece) != majority[s]:  # the sender claimed the majority's digest, sent other bytes
+                    wrong[s], accused[q] = 1.0, 1.0
+                    continue
+                aggregate[a:b] = piece
+        flags = self._allreduce(torch.stack([accused, wrong]).to(comm.device)).cpu()
+        counts, refetch = flags[0].clone(), [s for s in range(world) if flags[1, s] > 0]
+        if refetch:  # some rank got a copy that is not what its sender claimed: every holder sends those slices
+            for s, liars, digests in self._vote_copies(out_blocks, held, bounds, refetch, step, aggregate):
+                a, b = bounds[s]
+                outcomes.append((s, a, b, liars, digests, majority[s], "aggregate"))
+                counts[liars] += world  # every rank saw the same copies
+            for s in refetch:  # the senders that lied to some ranks only: named by those ranks
+                if not any(o[0] == s and sender[s] in o[3] for o in outcomes):
+                    outcomes.append((s, *bounds[s], [sender[s]], {sender[s]: 0}, majority[s], "aggregate"))
         if chk.on_mismatch == "abort":
             convicted = [i for i in range(world) if counts[i] > 0]
         else:
@@ -428,6 +464,65 @@ class ShardedReduction(GatherReduction):
         out = ShardedReduced(aggregate=aggregate, step=step, seq=comm.seq, headers=headers, matrix=None, kept=kept,
                              dropped=bad, reports=[], digest=digest, weights=shares)
         out.moments = moments
+        return out
+
+    def _digest_table(self, out_blocks: list[torch.Tensor], held: list[list[int]], step: int) -> list[dict[int, int]]:
+        """Every holder's :func:`~robustagg.integrity.checksum` of each of its aggregated slices,
+        all-gathered: ``claims[s] = {holder rank: digest}`` (one small ``world x r_a`` ``int64`` exchange)."""
+        comm = self.comm
+        assert isinstance(comm, ProcessGroupComm)
+        mine = torch.tensor([checksum(ob) for ob in out_blocks], dtype=torch.int64, device=comm.device)
+        table = [torch.empty_like(mine) for _ in range(comm.world_size)]
+        self._collective("all_gather", mine, lambda: dist.all_gather(table, mine, group=comm.group))
+        claims: list[dict[int, int]] = [{} for _ in range(comm.world_size)]
+        for q in range(comm.world_size):
+            for j, s in enumerate(held[q]):
+                claims[s][q] = int(table[q][j])
+        return claims
+
+    def _vote_copies(self, out_blocks: list[torch.Tensor], held: list[list[int]], bounds: list[tuple[int, int]],
+                     slices: list[int], step: int, aggregate: torch.Tensor) -> list[tuple[int, list[int], dict[int, int]]]:
+        """The fallback of the replicated return: every holder of each of ``slices`` sends its copy to
+        every rank (``all_to_all``), and the bit-exact majority of the copies is written into ``aggregate``.
+
+        Returns:
+            ``(slice, liars, digests)`` of every slice whose copies disagreed.
+
+        Raises:
+            DesyncError: a slice's copies have no strict majority.
+        """
+        comm = self.comm
+        assert isinstance(comm, ProcessGroupComm)
+        world, rank = comm.world_size, comm.rank
+        mine = [ob for ob, s in zip(out_blocks, held[rank]) if s in slices]
+        if self.send_hook is not None and mine:
+            sent = self.send_hook(step, rank, mine)
+            cut = [0]
+            for ob in mine:
+                cut.append(cut[-1] + int(ob.numel()))
+            mine = [sent[cut[i]:cut[i + 1]] for i in range(len(mine))]
+        width = sum(int(ob.numel()) for ob in mine)
+        sizes = {s: b - a for s, (a, b) in enumerate(bounds)}
+        recv_sizes = [sum(sizes[s] for s in held[q] if s in slices) for q in range(world)]
+        send = (torch.cat([ob.detach() for ob in mine]) if mine else aggregate.new_empty(0)).expand(world, width)
+        send = send.contiguous()
+        got = aggregate.new_empty(sum(recv_sizes))
+        self._collective("all_to_all", send, lambda: dist.all_to_all_single(
+            got, send.reshape(-1), output_split_sizes=recv_sizes, input_split_sizes=[width] * world, group=comm.group))
+        where: dict[int, list[Copy]] = {s: [] for s in slices}
+        at = 0
+        for q in range(world):
+            for s in held[q]:
+                if s in slices:
+                    where[s].append(Copy(q, got[at:at + sizes[s]]))
+                    at += sizes[s]
+        out = []
+        for s in slices:
+            a, b = bounds[s]
+            value, liars, digests = majority_copy(where[s], step=step, what=f"slice {s} [{a}, {b})")
+            aggregate[a:b] = value
+            if liars:
+                out.append((s, liars, digests))
         return out
 
     def _voted_sum(self, parts: list[torch.Tensor], held: list[list[int]], bounds: list[tuple[int, int]], step: int,

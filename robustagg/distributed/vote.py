@@ -40,7 +40,8 @@ from ..errors import ConfigError, DesyncError, LyingAggregatorError
 from ..integrity import checksum
 
 __all__ = ["MISMATCH_POLICIES", "LIAR_POLICIES", "slice_holders", "held_slices", "Copy", "majority_copy",
-           "aggregator_requirement", "LyingAggregatorError", "AggregatorCheck", "sent_bytes", "Lockstep"]
+           "aggregator_requirement", "LyingAggregatorError", "AggregatorCheck", "sent_bytes", "Lockstep",
+           "majority_digest"]
 
 T = TypeVar("T")
 
@@ -148,19 +149,49 @@ def majority_copy(copies: Sequence[Copy], *, step: int, what: str) -> tuple[torc
 def sent_bytes(d: int, world: int, replicas: int, element_size: int = 4) -> int:
     """Bytes rank 0 sends per step in the sharded exchange with every slice on ``replicas`` ranks.
 
-    Its ``replicas`` framed slices (data plus an 8-byte checksum each) to every rank on the way in,
-    and its ``replicas`` aggregated slices to every rank on the way back (the small all-reduces are
-    left out). ``replicas = 1`` is the unreplicated sharded step.
+    Its ``replicas`` framed slices (data plus an 8-byte checksum each) to every rank on the way in;
+    with ``replicas > 1`` its ``replicas`` slice digests (8 bytes each) to every rank; and on the way
+    back its own aggregated slice to every rank, which is all it sends when nobody lies (a slice goes
+    out once, from its first holder whose digest is the majority's; the small all-reduces and the
+    fallback after a lie are left out). ``replicas = 1`` is the unreplicated sharded step.
 
     Example:
         >>> sent_bytes(8, 4, 1), sent_bytes(8, 4, 3)  # d = 8 float32 over 4 ranks: 2 coordinates each
-        (96, 288)
+        (96, 320)
     """
     from .sharded import shard_bounds
 
-    sizes = [b - a for a, b in shard_bounds(int(d), int(world))]
-    held = sum(sizes[s] for s in held_slices(0, int(world), int(replicas)))
-    return int(replicas) * (int(d) * element_size + 8 * int(world)) + int(world) * held * element_size
+    r, w = int(replicas), int(world)
+    sizes = [b - a for a, b in shard_bounds(int(d), w)]
+    digests = w * r * 8 if r > 1 else 0
+    return r * (int(d) * element_size + 8 * w) + digests + w * sizes[0] * element_size
+
+
+def majority_digest(claims: dict[int, int], *, step: int, what: str) -> tuple[int, list[int]]:
+    """The strict-majority digest among ``claims`` (``{rank: digest}``) and the ranks that claimed another.
+
+    The replicated sharded return compares the holders' digests of a slice before any copy moves;
+    a copy is then accepted only if its bytes hash to this digest (so a holder that claims the
+    majority's digest and sends other bytes is caught where they arrive). Equal digests stand for
+    equal bytes here: a wrong copy with the majority's 64-bit BLAKE2b digest would need a second
+    preimage.
+
+    Raises:
+        DesyncError: no digest is claimed by a strict majority of the holders.
+
+    Example:
+        >>> majority_digest({0: 5, 1: 7, 2: 5}, step=0, what="slice 0")
+        (5, [1])
+    """
+    votes: dict[int, list[int]] = {}
+    for r, dg in claims.items():
+        votes.setdefault(int(dg), []).append(int(r))
+    best = max(votes.items(), key=lambda kv: len(kv[1]))
+    if 2 * len(best[1]) <= len(claims):
+        listing = "; ".join(f"ranks {sorted(rs)} digest {dg}" for dg, rs in votes.items())
+        raise DesyncError(f"step {step + 1}: the {len(claims)} replicas of {what} have no strict majority ({listing}). "
+                          "More aggregator ranks lie than the replicas tolerate (r_a >= 2 f_a + 1 is needed).")
+    return best[0], sorted(r for dg, rs in votes.items() if dg != best[0] for r in rs)
 
 
 def aggregator_requirement(replicas: int, lying: int, policy: str) -> tuple[str, bool]:

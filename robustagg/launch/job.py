@@ -210,7 +210,8 @@ class RunSettings:
                               f"already: set {self.key('on_aggregate_mismatch')}=vote to outvote a lying rank, or "
                               f"{self.key('reduction')}=sharded.")
         if self.state_sharding == "optimizer":
-            wrong = [f"{self.key(k)}={getattr(self, k)}" for k, ok in (
+            wrong = [f"{self.key(k)}={str(getattr(self, k)).lower() if isinstance(getattr(self, k), bool) else getattr(self, k)}"
+                     for k, ok in (
                 ("mode", self.mode == "processes"), ("reduction", self.reduction == "sharded"),
                 ("rejoin", not self.rejoin), ("processes", int(self.processes) == 0)) if not ok]
             if wrong:
