@@ -191,6 +191,29 @@ def _rule_by_attack(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rule_setting_by_attack(folder: Path) -> str:
+    """Rules x settings (heterogeneity) by attacks: final test accuracy (%), mean ± standard deviation
+    over the seeds that ran (their count after it), from ``results.csv`` (a reproduction over
+    several settings; a cell without a finished run is ``—``)."""
+    from .report_tables import RULE_ORDER
+
+    t = pd.read_csv(folder / "results.csv")
+    t = t[t["status"] == "ok"]
+    attacks = ["none"] * ("none" in set(t["attack"])) + sorted(set(t["attack"]) - {"none"})
+    rules = [r for r in RULE_ORDER if r in set(t["rule"])] + sorted(set(t["rule"]) - set(RULE_ORDER))
+    settings = sorted(set(t["setting"]), key=lambda v: (not str(v).startswith("iid"), str(v)))
+    lines = ["| rule | setting | " + " | ".join(attacks) + " |", "|---|---|" + "---:|" * len(attacks)]
+    for rule in rules:
+        for setting in settings:
+            cells = [rule, str(setting)]
+            for attack in attacks:
+                acc = t[(t["rule"] == rule) & (t["setting"] == setting) & (t["attack"] == attack)]["final_acc"]
+                cells.append(f"{_pm(100 * acc.mean(), 100 * acc.std() if len(acc) > 1 else 0.0)} ({len(acc)})"
+                             if len(acc) else "—")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _backdoor_success(folder: Path) -> str:
     """Rules x backdoor attacks: final attack success rate (%, the triggered test images classified as
     the target label), mean ± standard deviation over the seeds, from ``results.csv``'s ``final_asr``."""
@@ -243,6 +266,7 @@ RENDERERS: dict[str, tuple[str, Callable[[Path], str]]] = {
     "repro_shejwalkar2021": ("repro_shejwalkar2021_fmnist", _rule_by_attack),
     "repro_fltrust2021": ("repro_fltrust2021_fmnist", _rule_by_attack),
     "repro_fltrust2021_asr": ("repro_fltrust2021_fmnist", _backdoor_success),
+    "repro_allouah2023": ("repro_allouah2023_fmnist", _rule_setting_by_attack),
 }
 
 

@@ -156,3 +156,20 @@ def test_the_replicated_reduction_cost_quoted_on_the_threat_model_is_the_committ
     assert f"{r3.loc['geometric_median', 'ratio_to_r1']:.2f}× (geometric median" in page
     r1 = t[t["mode"] == "reduction_r1"].set_index("rule")
     assert f"sends {r3['sent_mb'].iloc[0]:.0f} MB per step at r_a = 3 against {r1['sent_mb'].iloc[0]:.0f} MB" in page
+
+
+def test_the_allouah_verdict_sentences_match_their_committed_table():
+    t = pd.read_csv(Path(__file__).resolve().parents[1] / "docs" / "results" / "repro_allouah2023_fmnist" /
+                    "results.csv")
+    acc = t[t["status"] == "ok"].groupby(["rule", "setting", "attack"])["final_acc"].agg(["mean", "std"]) * 100
+    gain = (acc.loc["nnm>trimmed_mean", "mean"] - acc.loc["trimmed_mean", "mean"]).round(1)
+    assert len(gain) == 15 and int((gain > 0).sum()) == 12  # "12 of the 15 attack x alpha cells"
+    assert gain[("dirichlet(a=0.1)", "ipm")] == 16.7 and gain[("dirichlet(a=0.1)", "label_flip")] == 14.4
+    assert gain.idxmax() == ("dirichlet(a=0.1)", "ipm")
+    assert sorted(gain[gain <= 0].index) == [("dirichlet(a=0.1)", "alie"), ("dirichlet(a=0.1)", "sign_flip"),
+                                              ("dirichlet(a=0.5)", "alie")]
+    assert (gain[("dirichlet(a=0.1)", "alie")], gain[("dirichlet(a=0.5)", "alie")],
+            gain[("dirichlet(a=0.1)", "sign_flip")]) == (-1.2, -4.0, -3.2)
+    collapsed = acc.loc[("nnm>trimmed_mean", "dirichlet(a=0.1)", "sign_flip")]
+    assert (round(collapsed["mean"], 1), round(collapsed["std"], 1)) == (26.7, 27.0)
+    assert len(t) == 90 and set(t["rule"]) == {"trimmed_mean", "nnm>trimmed_mean"}  # "90 of the sweep's 270"
