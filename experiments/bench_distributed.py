@@ -58,18 +58,7 @@ def _free_port() -> int:
 
 def _timed(fn: Callable[[], Any], repeats: int, warmup: int, device: torch.device) -> float:
     """Median over repeats of the slowest rank's wall time of ``fn`` in milliseconds."""
-    times = []
-    for i in range(warmup + repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if i >= warmup:
-            times.append(float(elapsed) * 1e3)
-    return statistics.median(times)
+    return _timed_interleaved([fn], repeats, warmup, device)[0]
 
 
 def _timed_interleaved(fns: list[Callable[[], Any]], repeats: int, warmup: int,

@@ -170,48 +170,40 @@ def _worst_case(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rule_by_attack(folder: Path) -> str:
-    """Rules x attacks: final test accuracy (%), mean ± standard deviation over the seeds that ran
-    (their count after it), from ``results.csv`` (a reproduction's table; its runs that were skipped
-    or diverged are not averaged, and a cell without a finished run is ``—``)."""
-    from .report_tables import RULE_ORDER
-
-    t = pd.read_csv(folder / "results.csv")
-    t = t[t["status"] == "ok"]
-    attacks = ["none"] + sorted(set(t["attack"]) - {"none"})
-    rules = [r for r in RULE_ORDER if r in set(t["rule"])] + sorted(set(t["rule"]) - set(RULE_ORDER))
-    lines = ["| rule | " + " | ".join(attacks) + " |", "|---|" + "---:|" * len(attacks)]
-    for rule in rules:
-        cells = [rule]
-        for attack in attacks:
-            acc = t[(t["rule"] == rule) & (t["attack"] == attack)]["final_acc"]
-            cells.append(f"{_pm(100 * acc.mean(), 100 * acc.std() if len(acc) > 1 else 0.0)} ({len(acc)})"
-                         if len(acc) else "—")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _rule_setting_by_attack(folder: Path) -> str:
-    """Rules x settings (heterogeneity) by attacks: final test accuracy (%), mean ± standard deviation
-    over the seeds that ran (their count after it), from ``results.csv`` (a reproduction over
-    several settings; a cell without a finished run is ``—``)."""
+def _accuracy_table(folder: Path, *, by_setting: bool) -> str:
+    """Rules (x settings) by attacks: final test accuracy (%), mean ± standard deviation over the
+    seeds that ran (their count after it), from ``results.csv``; its runs that were skipped or
+    diverged are not averaged, and a cell without a finished run is ``—``."""
     from .report_tables import RULE_ORDER
 
     t = pd.read_csv(folder / "results.csv")
     t = t[t["status"] == "ok"]
     attacks = ["none"] * ("none" in set(t["attack"])) + sorted(set(t["attack"]) - {"none"})
     rules = [r for r in RULE_ORDER if r in set(t["rule"])] + sorted(set(t["rule"]) - set(RULE_ORDER))
-    settings = sorted(set(t["setting"]), key=lambda v: (not str(v).startswith("iid"), str(v)))
-    lines = ["| rule | setting | " + " | ".join(attacks) + " |", "|---|---|" + "---:|" * len(attacks)]
+    settings = (sorted(set(t["setting"]), key=lambda v: (not str(v).startswith("iid"), str(v))) if by_setting
+                else [None])
+    head = "| rule | setting | " if by_setting else "| rule | "
+    lines = [head + " | ".join(attacks) + " |", "|---|" + "---|" * by_setting + "---:|" * len(attacks)]
     for rule in rules:
         for setting in settings:
-            cells = [rule, str(setting)]
+            cells = [rule] + ([str(setting)] if by_setting else [])
             for attack in attacks:
-                acc = t[(t["rule"] == rule) & (t["setting"] == setting) & (t["attack"] == attack)]["final_acc"]
+                here = (t["rule"] == rule) & (t["attack"] == attack)
+                acc = t[here & (t["setting"] == setting) if by_setting else here]["final_acc"]
                 cells.append(f"{_pm(100 * acc.mean(), 100 * acc.std() if len(acc) > 1 else 0.0)} ({len(acc)})"
                              if len(acc) else "—")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _rule_by_attack(folder: Path) -> str:
+    """Rules x attacks (:func:`_accuracy_table`, every setting together): a reproduction's table."""
+    return _accuracy_table(folder, by_setting=False)
+
+
+def _rule_setting_by_attack(folder: Path) -> str:
+    """Rules x settings (heterogeneity) by attacks (:func:`_accuracy_table`): a reproduction over several settings."""
+    return _accuracy_table(folder, by_setting=True)
 
 
 def _backdoor_success(folder: Path) -> str:

@@ -222,20 +222,7 @@ class ShardedReduction(GatherReduction):
         reports = inspect_rows(block, sums, expected_dtype=dtype)
         verdict = torch.tensor([[float(r.corrupted), float(not r.finite)] for r in reports], dtype=torch.float64,
                                device=comm.device)
-        verdict = self._allreduce(verdict)
-        corrupted = [i for i in range(world) if verdict[i, 0] > 0]
-        if corrupted:
-            raise IntegrityError(f"{step_name(step)}: slices of the submissions of rank(s) {corrupted} do not match their "
-                                 "checksums (corrupted in transit).")
-        bad = [i for i in range(world) if verdict[i, 1] > 0]
-        if bad and self.on_nonfinite is NonFinitePolicy.ABORT:
-            raise NonFiniteInputError(f"{step_name(step)}: submissions of rank(s) {bad} hold NaN or inf. Set "
-                                      "on_nonfinite='drop' to leave such rows out and count them as faults.")
-        self.faults.extend((step, r) for r in bad)
-        kept = [i for i in range(world) if i not in bad]
-        if not kept:
-            raise IntegrityError(f"{step_name(step)}: every submission is non-finite; nothing to aggregate.")
-        self.rule.check(len(kept))
+        kept, bad = self._settle_verdict(verdict, step)
         xs = block if not bad else block[kept]
         stats = SliceStatistics(self._allreduce)
         cc = stateful_clipping_of(self.rule)
@@ -254,15 +241,46 @@ class ShardedReduction(GatherReduction):
         aggregate = torch.empty(local.numel(), dtype=dtype, device=comm.device)  # the caller's, never reused
         self._collective("all_to_all", final, lambda: dist.all_to_all_single(
             aggregate, final, output_split_sizes=sizes, input_split_sizes=[mine] * world, group=group))
+        return self._finish(aggregate, step, headers, kept, bad, shares, moments, cc)
+
+    def _finish(self, aggregate: torch.Tensor, step: int, headers: list[Header], kept: list[int], bad: list[int],
+                shares: Optional[torch.Tensor], moments: dict[str, torch.Tensor], cc: Any) -> ShardedReduced:
+        """The step's result: centered clipping's centre and the check's memory updated, the digest taken."""
         if cc is not None:
             cc.center = aggregate.clone()
-        chk.remember(aggregate)
+        self.check.remember(aggregate)
         digest = checksum(aggregate)
         self.last_digest = digest
-        out = ShardedReduced(aggregate=aggregate, step=step, seq=comm.seq, headers=headers, matrix=None, kept=kept,
-                             dropped=bad, reports=[], digest=digest, weights=shares)
+        out = ShardedReduced(aggregate=aggregate, step=step, seq=self.comm.seq, headers=headers, matrix=None,
+                             kept=kept, dropped=bad, reports=[], digest=digest, weights=shares)
         out.moments = moments
         return out
+
+    def _settle_verdict(self, flags: torch.Tensor, step: int) -> tuple[list[int], list[int]]:
+        """All-reduce the per-row ``(world, 2)`` flags (corrupted, non-finite) and act on them alike on
+        every rank: the kept rows and the dropped (non-finite) ones.
+
+        Raises:
+            IntegrityError: a slice did not match its checksum, or every row is non-finite.
+            NonFiniteInputError: a non-finite row under ``on_nonfinite="abort"``.
+            AssumptionError: the rule's requirement fails for the kept rows.
+        """
+        verdict = self._allreduce(flags)
+        world = verdict.shape[0]
+        corrupted = [i for i in range(world) if verdict[i, 0] > 0]
+        if corrupted:
+            raise IntegrityError(f"{step_name(step)}: slices of the submissions of rank(s) {corrupted} do not match their "
+                                 "checksums (corrupted in transit).")
+        bad = [i for i in range(world) if verdict[i, 1] > 0]
+        if bad and self.on_nonfinite is NonFinitePolicy.ABORT:
+            raise NonFiniteInputError(f"{step_name(step)}: submissions of rank(s) {bad} hold NaN or inf. Set "
+                                      "on_nonfinite='drop' to leave such rows out and count them as faults.")
+        self.faults.extend((step, r) for r in bad)
+        kept = [i for i in range(world) if i not in bad]
+        if not kept:
+            raise IntegrityError(f"{step_name(step)}: every submission is non-finite; nothing to aggregate.")
+        self.rule.check(len(kept))
+        return kept, bad
 
     def _moments(self, xs: torch.Tensor, out_block: torch.Tensor, stats: SliceStatistics) -> dict[str, torch.Tensor]:
         # One robust Gram of [x_1..x_k, F, 0] relative to some centre c: every inner product the
@@ -364,20 +382,7 @@ class ShardedReduction(GatherReduction):
             for i, r in enumerate(inspect_rows(block, sums, expected_dtype=dtype)):
                 flags[i, 0] += float(r.corrupted)
                 flags[i, 1] += float(not r.finite)
-        verdict = self._allreduce(flags.to(comm.device))
-        corrupted = [i for i in range(world) if verdict[i, 0] > 0]
-        if corrupted:
-            raise IntegrityError(f"{step_name(step)}: slices of the submissions of rank(s) {corrupted} do not match their "
-                                 "checksums (corrupted in transit).")
-        bad = [i for i in range(world) if verdict[i, 1] > 0]
-        if bad and self.on_nonfinite is NonFinitePolicy.ABORT:
-            raise NonFiniteInputError(f"{step_name(step)}: submissions of rank(s) {bad} hold NaN or inf. Set "
-                                      "on_nonfinite='drop' to leave such rows out and count them as faults.")
-        self.faults.extend((step, r) for r in bad)
-        kept = [i for i in range(world) if i not in bad]
-        if not kept:
-            raise IntegrityError(f"{step_name(step)}: every submission is non-finite; nothing to aggregate.")
-        self.rule.check(len(kept))
+        kept, bad = self._settle_verdict(flags.to(comm.device), step)
         stats = SliceStatistics(self._allreduce)
         xs = [b if not bad else b[kept] for b in blocks]
         cc = stateful_clipping_of(self.rule)
@@ -456,15 +461,7 @@ class ShardedReduction(GatherReduction):
             convicted = [i for i in range(world) if 2 * counts[i] > world]
         if convicted or outcomes:
             chk.judge(step, outcomes, convicted=convicted)
-        if cc is not None:
-            cc.center = aggregate.clone()
-        chk.remember(aggregate)
-        digest = checksum(aggregate)
-        self.last_digest = digest
-        out = ShardedReduced(aggregate=aggregate, step=step, seq=comm.seq, headers=headers, matrix=None, kept=kept,
-                             dropped=bad, reports=[], digest=digest, weights=shares)
-        out.moments = moments
-        return out
+        return self._finish(aggregate, step, headers, kept, bad, shares, moments, cc)
 
     def _digest_table(self, out_blocks: list[torch.Tensor], held: list[list[int]], step: int) -> list[dict[int, int]]:
         """Every holder's :func:`~robustagg.integrity.checksum` of each of its aggregated slices,
