@@ -288,3 +288,13 @@ def test_strict_false_runs_a_broken_requirement_and_records_it(tmp_path):
                   out_dir=tmp_path, quiet=True)
     assert s["aggregator_check"]["holds"] is False
     assert any("aggregate cross-check requires" in v for v in s["violations"])
+
+
+def test_the_cross_check_requirement_is_printed_at_launch(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="robustagg.launch"):
+        train(_cfg("trainer.mode=simulated", *SHARDED3, "trainer.lying_aggregators=1"), out_dir=tmp_path, quiet=True)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("aggregate cross-check"))
+    assert "3 replica(s) of every slice, vote on a mismatch" in line and "r_a >= 2 f_a + 1" in line
+    assert line.endswith("with f_a = 1: holds")

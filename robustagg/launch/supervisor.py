@@ -167,6 +167,21 @@ def committed_membership(job: Job, checkpoint: Path) -> Job:
     return job
 
 
+def _print_cross_check(job: Job) -> None:
+    """Log the aggregate cross-check's requirement when one is configured (it is checked in :class:`Job`)."""
+    s = job.settings
+    if not (int(s.aggregator_replicas) > 1 or s.on_aggregate_mismatch == "vote" or int(s.lying_aggregators) > 0):
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Job already warned and recorded a broken requirement
+        block = job.aggregator_requirement()
+    log.info("aggregate cross-check: %d replica(s) of every slice, %s on a mismatch, %s a named rank; requirement "
+             "%s with f_a = %d: %s", block["replicas"], block["on_aggregate_mismatch"], block["on_lying_aggregator"],
+             block["requirement"], block["lying_aggregators"], "holds" if block["holds"] else "BROKEN")
+
+
 def launch(job: Job, *, on_ready: Optional[Callable[[Job], None]] = None, quiet: bool = False) -> dict[str, Any]:
     """Run ``job`` to the end (see the module docstring) and return rank 0's summary.
 
@@ -190,6 +205,7 @@ def launch(job: Job, *, on_ready: Optional[Callable[[Job], None]] = None, quiet:
         RobustAggError: in simulated mode, what the step raised.
     """
     job.settings.check()  # a bad value is refused before any lock or folder is made
+    _print_cross_check(job)
     env = from_environment()
     if job.settings.mode == "processes" and env is not None:
         return run_torchrun(job, env, on_ready=on_ready, quiet=quiet) or {}
