@@ -172,4 +172,17 @@ def test_the_allouah_verdict_sentences_match_their_committed_table():
             gain[("dirichlet(a=0.1)", "sign_flip")]) == (-1.2, -4.0, -3.2)
     collapsed = acc.loc[("nnm>trimmed_mean", "dirichlet(a=0.1)", "sign_flip")]
     assert (round(collapsed["mean"], 1), round(collapsed["std"], 1)) == (26.7, 27.0)
-    assert len(t) == 90 and set(t["rule"]) == {"trimmed_mean", "nnm>trimmed_mean"}  # "90 of the sweep's 270"
+    assert len(t) == 270 and (t["status"] == "ok").all()  # "all 270 runs"
+    means = acc["mean"]
+    for base, cells in (("krum", 13), ("trimmed_mean", 12), ("geometric_median", 11)):
+        g = (means.loc["nnm>" + base] - means.loc[base]).round(1)
+        assert int((g > 0).sum()) == cells and g[("dirichlet(a=0.1)", "sign_flip")] < 0  # NNM hurts every rule there
+    krum = (means.loc["nnm>krum"] - means.loc["krum"]).xs("dirichlet(a=0.1)")
+    assert round(krum.mean(), 1) == 24.0
+    assert (round(means[("krum", "dirichlet(a=0.1)", "label_flip")], 1),
+            round(means[("nnm>krum", "dirichlet(a=0.1)", "label_flip")], 1)) == (31.7, 73.8)
+    assert (round(means[("geometric_median", "dirichlet(a=0.1)", "ipm")], 1),
+            round(means[("nnm>geometric_median", "dirichlet(a=0.1)", "ipm")], 1)) == (21.2, 69.9)
+    for base, drop in (("krum", -10.1), ("geometric_median", -13.0)):
+        assert round(means[("nnm>" + base, "dirichlet(a=0.1)", "sign_flip")] - means[(base, "dirichlet(a=0.1)",
+                                                                                       "sign_flip")], 1) == drop
