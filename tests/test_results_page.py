@@ -156,6 +156,10 @@ def test_the_replicated_reduction_cost_quoted_on_the_threat_model_is_the_committ
     assert f"{r3.loc['geometric_median', 'ratio_to_r1']:.2f}× (geometric median" in page
     r1 = t[t["mode"] == "reduction_r1"].set_index("rule")
     assert f"sends {r3['sent_mb'].iloc[0]:.0f} MB per step at r_a = 3 against {r1['sent_mb'].iloc[0]:.0f} MB" in page
+    for name in ("sequential", "shared"):  # the earlier runs the page quotes, each from its own file
+        e = pd.read_csv(root / "docs" / "results" / f"bench_distributed_replicas_{name}.csv")
+        e3 = e[e["mode"] == "reduction_r3"].set_index("rule")["ratio_to_r1"]
+        assert f"{e3['trimmed_mean']:.2f}× / {e3['coordinate_median']:.2f}×" in page
 
 
 def test_the_allouah_verdict_sentences_match_their_committed_table():

@@ -98,6 +98,7 @@ class OptimizerShard:
                 self.bounds[i][1] != self.bounds[i + 1][0] for i in range(len(self.bounds) - 1)):
             raise ConfigError(f"OptimizerShard: bounds {self.bounds[:3]}... do not tile [0, {self.d}).")
         self.rank, self.group, self.full = int(rank), group, optimizer
+        self.offsets = _offsets(self.params)  # each parameter's first flat coordinate
         self.start, self.end = self.bounds[self.rank]
         self.pieces = _pieces(self.params, self.start, self.end)
         group_of = {id(p): g for g, grp in enumerate(optimizer.param_groups) for p in grp["params"]}
@@ -125,8 +126,7 @@ class OptimizerShard:
             for grp, g in zip(self.local.param_groups, self._groups):  # the scheduler drives the full one
                 grp.update({k: v for k, v in self.full.param_groups[g].items() if k != "params"})
             for t, (i, lo, hi) in zip(self.tensors, self.pieces):
-                off = _offsets(self.params)[i]
-                t.grad = flat[off + lo:off + hi].to(t.dtype).clone()
+                t.grad = flat[self.offsets[i] + lo:self.offsets[i] + hi].to(t.dtype).clone()
             self.local.step()
         mine = (torch.cat([t.detach() for t in self.tensors]) if self.tensors
                 else torch.empty(0, dtype=self.params[0].dtype))
@@ -141,7 +141,7 @@ class OptimizerShard:
             dist.all_gather(got, send, group=self.group)
             whole = torch.cat([got[r][:b - a] for r, (a, b) in enumerate(self.bounds)])
         with torch.no_grad():
-            for p, off in zip(self.params, _offsets(self.params)):
+            for p, off in zip(self.params, self.offsets):
                 p.copy_(whole[off:off + p.numel()].view_as(p))
 
     def state_bytes(self) -> int:
