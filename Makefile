@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run run-fmnist test data bench bench-train bench-recovery bench-state-sharding docs serve-docs typecheck
+.PHONY: install run run-fmnist test data bench bench-train bench-recovery bench-state-sharding gossip-consensus docs serve-docs typecheck
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -55,6 +55,9 @@ bench-recovery: $(STAMP)
 
 bench-state-sharding: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m experiments.bench_state_sharding $(ARGS)
+
+gossip-consensus: $(STAMP)
+	$(PY) -m experiments.gossip_consensus $(ARGS)
 
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict

@@ -152,7 +152,8 @@ def as_config(cfg: Any) -> DictConfig:
     return merged  # type: ignore[return-value]
 
 
-def _resolve_target(node: Any, *, what: str, base: type, names: list[str], prefix: str) -> tuple[type, dict[str, Any]]:
+def _resolve_target(node: Any, *, what: str, base: type | tuple[type, ...], names: list[str],
+                    prefix: str) -> tuple[type, dict[str, Any]]:
     params = dict(node)
     target = params.pop("_target_", None)
     params.pop("_partial_", None)
@@ -213,9 +214,10 @@ def build_attack(cfg: DictConfig) -> Any:
     if node is None or node.get("_target_") is None:
         return None
     import attacks
+    from attacks.gossip import GOSSIP_ATTACKS, GossipAttack
 
-    cls, params = _resolve_target(node, what="attack", base=attacks.Attack, names=["none"] + _attack_names(),
-                                  prefix="attack")
+    cls, params = _resolve_target(node, what="attack", base=(attacks.Attack, GossipAttack),  # type: ignore[arg-type]
+                                  names=["none"] + sorted(_attack_names() + list(GOSSIP_ATTACKS)), prefix="attack")
     try:
         return cls(**params)
     except TypeError as exc:
@@ -397,10 +399,52 @@ class ExperimentBuild:
         if hasattr(protocol, "server_optimizer_for"):  # protocol=local: the optimizer group is the clients'
             optimizer = protocol.server_optimizer_for(model.parameters())
             scheduler = build_scheduler(cfg.get("scheduler"), optimizer)
+        if hasattr(protocol, "evaluate_nodes"):  # protocol=gossip: every honest node's model is tested
+            eval_fn = functools.partial(protocol.evaluate_nodes, eval_fn)
         return WorkerParts(model=model, optimizer=optimizer, rule=rule, shards=shards, scheduler=scheduler,
                            byzantine=byzantine, evaluate=eval_fn, num_classes=num_classes,
                            callbacks=[instantiate(c) for c in cfg.trainer.callbacks], root=root,
                            protocol=protocol)
+
+
+def _gossip_checks(cfg: DictConfig, n: int, ranks: tuple[int, ...], kind: Optional[str],
+                   attack_name: str) -> Optional[str]:
+    """Under ``protocol=gossip``, before launch: the attack has a gossip form, the trainer settings a
+    node-local optimizer allows, and every honest node's exposure with the Byzantine ranks placed on
+    the graph (:meth:`robustagg.protocols.Gossip.layout`); a gossip attack needs ``protocol=gossip``.
+
+    Returns:
+        the run's rule label under gossip (``gossip:<node rule>``: the aggregator group is not
+        used), else ``None``.
+
+    Raises:
+        ConfigError: a server gradient attack under gossip, or a gossip attack under another protocol.
+        AssumptionError: an over-exposed honest node or a disconnected honest subgraph (strict).
+    """
+    proto = build_protocol(cfg)
+    mixes = bool(getattr(proto, "mixes", False))
+    if kind == "gossip" and not mixes:
+        raise ConfigError(f"attack={attack_name} is a gossip attack (each neighbour gets its own message): it needs "
+                          "protocol=gossip; under a server protocol use alie, ipm or sign_flip.")
+    if not mixes:
+        return None
+    if kind == "gradient":
+        from attacks.gossip import GOSSIP_ATTACKS
+
+        raise ConfigError(f"attack={attack_name} replaces a server submission; under protocol=gossip a Byzantine node "
+                          f"sends each neighbour its own message: use attack={'|'.join(GOSSIP_ATTACKS)} or a data "
+                          "attack (label_flip).")
+    tr = cfg.trainer
+    if float(tr.worker_momentum) > 0:
+        raise ConfigError("protocol=gossip steps each node's own optimizer; set trainer.worker_momentum=0 and put "
+                          "momentum in the optimizer group (optimizer.momentum).")
+    if (cfg.get("scheduler") or {}).get("_target_") is not None:
+        raise ConfigError("protocol=gossip has no server optimizer for a scheduler to step; use scheduler=none.")
+    if str(getattr(tr.on_nonfinite, "value", tr.on_nonfinite)) == "drop":
+        raise ConfigError("protocol=gossip mixes every neighbour's model: trainer.on_nonfinite=drop would leave a "
+                          "hole in a node's neighbourhood; use trainer.on_nonfinite=abort.")
+    proto.layout(n, ranks)
+    return f"gossip:{proto.rule.describe()['node_rule']}"
 
 
 def build_protocol(cfg: DictConfig) -> Any:
@@ -962,6 +1006,7 @@ def validate(cfg: Any, *, out_dir: str = ".", follows: Optional[list[str]] = Non
             _dry_run_attack(attack, rule, n, b, attack_name)
     if attack is None or b == 0:
         ranks = ()
+    node_rule = _gossip_checks(cfg, n, tuple(ranks), kind, attack_name)
     data = build_data(cfg.data, n=n, byzantine_ranks=ranks, seed=int(cfg.seed))
     if redundancy is not None:  # every replica of a group holds the group's pooled shard
         from robustagg.protocols.redundant import pool_parts
@@ -975,11 +1020,15 @@ def validate(cfg: Any, *, out_dir: str = ".", follows: Optional[list[str]] = Non
             attack.poison_batch(data.train_x[:2], data.train_y[:2], data.num_classes)
         except RobustAggError as exc:
             raise ConfigError(f"attack={attack_name} does not fit data={cfg.data.name}: {exc}") from None
-    plan = Plan(cfg={}, n=n, f=f, byzantine_ranks=tuple(ranks), rule_name=str(rule.name) or str(cfg.aggregator.get("_target_")), attack_name=attack_name,
+    plan = Plan(cfg={}, n=n, f=f, byzantine_ranks=tuple(ranks), rule_name=node_rule or str(rule.name) or str(cfg.aggregator.get("_target_")), attack_name=attack_name,
                 attack_kind=kind, data=data, device=device, backend=backend, out_dir=str(out_dir))
     # Builds the model and optimizer once here: checks the model fits the data, and imports what
     # torch.optim imports lazily (seconds of CPU) before worker processes are forked.
     model, _, scheduler = build_model_and_optimizer(data, cfg, torch.device("cpu"))
+    if node_rule is not None and any(buf.is_floating_point() for buf in model.buffers()):
+        raise ConfigError(f"protocol=gossip keeps one parameter vector per node; model {cfg.model.get('_target_')} has "
+                          "floating buffers (BatchNorm running statistics), which are not per node yet: use a model "
+                          "without them (model=mlp, lenet5).")
     advice = setting_notes(cfg, data, [*model.modules(), scheduler], attack_given=attack is not None, byzantine=b)
     if bool(cfg.trainer.batched_gradients):
         _batched_check(cfg, model, data)
@@ -1039,6 +1088,8 @@ def build_byzantine(ranks: tuple[int, ...], cfg: DictConfig, rule: Aggregator, *
     if attack_kind == "data":
         return ByzantineBehaviour(ranks=ranks, poison_fn=attack.poison_labels, start_step=start, seed=seed,
                                   name=attack_name)
+    if attack_kind == "gossip":  # protocol=gossip calls it per receiver (validate checked the protocol)
+        return ByzantineBehaviour(ranks=ranks, gossip_fn=attack, start_step=start, seed=seed, name=attack_name)
     adapter = AttackAdapter(attack, rule)
     return ByzantineBehaviour(ranks=ranks, gradient_fn=adapter, start_step=start, seed=seed, name=attack_name,
                               needs_exchange=adapter.knowledge != "none", needs_parameters=adapter.needs_parameters)

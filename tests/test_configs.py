@@ -39,7 +39,9 @@ def test_every_rule_and_attack_has_a_config_file():
     assert _options("aggregator") == sorted(rule_names())
     maps = [n for n in ra.available() if n not in rule_names()]
     assert _options("preaggregation") == sorted(maps + ["none"])
-    assert _options("attack") == sorted(attacks.available() + ["none"])
+    from attacks.gossip import GOSSIP_ATTACKS  # protocol=gossip's per-receiver attacks (attacks/gossip.py)
+
+    assert _options("attack") == sorted(attacks.available() + list(GOSSIP_ATTACKS) + ["none"])
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
@@ -420,7 +422,8 @@ def test_every_key_the_bundled_configs_set_passes_the_setting_check():
     for path in sorted(CONF.rglob("*.yaml")):
         rel = path.relative_to(CONF)
         text = path.read_text()
-        if rel.parts[0] == "hydra" or rel.parts[0].startswith("bench") or path.name == "config.yaml":  # other apps
+        if rel.parts[0] in ("hydra", "gossip_consensus") or rel.parts[0].startswith("bench") \
+                or path.name == "config.yaml":  # other apps
             continue
         body = yaml.safe_load(text) or {}
         glob = "@package _global_" in text

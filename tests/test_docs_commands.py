@@ -40,7 +40,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 HYDRA_APPS = {"train": (CONF, "config"), "tour": (CONF, "config"), "bench": (CONF / "bench", "bench"),
               "bench_distributed": (CONF / "bench_distributed", "bench_distributed"),
               "bench_train": (CONF / "bench_train", "bench_train"),
-              "bench_recovery": (CONF / "bench_recovery", "bench_recovery")}
+              "bench_recovery": (CONF / "bench_recovery", "bench_recovery"),
+              "bench_state_sharding": (CONF / "bench_state_sharding", "bench_state_sharding"),
+              "gossip_consensus": (CONF / "gossip_consensus", "gossip_consensus")}
 #: Hydra's own flags that take a value.
 VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
                 "--config-dir", "-cd", "--info", "-i"}

@@ -75,6 +75,9 @@ class Protocol(abc.ABC):
     #: :meth:`submit` (which gets it from ``Trainer.worker_gradient``); ``"self"``: the protocol
     #: calls ``Trainer.prefetch_gradients`` for the gradients it computes; ``None``: refused.
     batched: ClassVar[Optional[str]] = None
+    #: True for a protocol without a server aggregate (``protocol=gossip``): after the exchange the
+    #: trainer hands every member's row to :meth:`mix` instead of the reduction and :meth:`apply`.
+    mixes: ClassVar[bool] = False
 
     def bind(self, trainer: Trainer) -> None:
         """Called once by the trainer it serves (size client state, check the setting).
@@ -105,6 +108,17 @@ class Protocol(abc.ABC):
         :meth:`Trainer.worker_gradient <robustagg.training.Trainer.worker_gradient>`); a gradient
         attack replaces the row afterwards.
         """
+
+    def mix(self, trainer: Trainer, rows: torch.Tensor, plan: RoundPlan,
+            byzantine: tuple[int, ...]) -> dict[str, float]:
+        """A mixing protocol's update from every member's row ``rows`` ``(len(members), d)`` (all-gathered
+        and integrity-checked, members' order); returns its per-step metrics. Only called when
+        :attr:`mixes` is true.
+
+        Raises:
+            NotImplementedError: the protocol does not mix.
+        """
+        raise NotImplementedError(f"protocol {self.name} has a server aggregate; it does not mix.")
 
     def transform(self, plan: RoundPlan) -> Optional["Transform"]:
         """The server-side step between integrity checks and the rule (``None``: the rule sees the

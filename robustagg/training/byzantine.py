@@ -95,6 +95,9 @@ class ByzantineBehaviour:
             ``gradient_fn`` then gets zeros of the honest rows' shape and ``own=None``.
         needs_parameters: ``gradient_fn`` reads the current model: the trainer passes
             ``parameters=`` (see :class:`GradientAttack`). Default ``False``.
+        gossip_fn: under a mixing protocol (``protocol=gossip``): the per-receiver attack whose
+            messages the Byzantine nodes send each honest neighbour (:mod:`attacks.gossip`), or
+            ``None``. The protocol calls it; the trainer never replaces a row with it.
 
     Raises:
         ConfigError: duplicate or negative ranks, neither callable given while ``ranks`` is
@@ -120,14 +123,16 @@ class ByzantineBehaviour:
     needs_exchange: bool = True
     batch_poison_fn: Optional[BatchPoison] = None
     needs_parameters: bool = False
+    gossip_fn: Optional[Any] = None
 
     def __post_init__(self) -> None:
         self.ranks = tuple(sorted(int(r) for r in self.ranks))
         if len(set(self.ranks)) != len(self.ranks) or any(r < 0 for r in self.ranks):
             raise ConfigError(f"Byzantine ranks must be distinct non-negative ints; got {list(self.ranks)}.")
-        if self.ranks and self.gradient_fn is None and self.poison_fn is None and self.batch_poison_fn is None:
-            raise ConfigError("ByzantineBehaviour needs gradient_fn, poison_fn or batch_poison_fn when ranks is "
-                              "non-empty.")
+        if self.ranks and self.gradient_fn is None and self.poison_fn is None and self.batch_poison_fn is None \
+                and self.gossip_fn is None:
+            raise ConfigError("ByzantineBehaviour needs gradient_fn, poison_fn, batch_poison_fn or gossip_fn when "
+                              "ranks is non-empty.")
         hidden = _hidden_state(self.gradient_fn)
         if hidden is not None:
             raise ConfigError(f"gradient_fn wraps {type(hidden).__name__}, which has state (state_dict), but "

@@ -128,6 +128,9 @@ class RunSummary:
         steps: optimizer steps taken. wall_seconds: of the loop. seconds_per_step: their ratio.
         dropped_rows: submissions left out by the integrity layer (detected faults).
         assumption_violated: the run broke the rule's requirement on purpose (strict=False).
+        extra: further numbers (under a mixing protocol: ``final_consensus_distance``,
+            ``final_test_acc_worst_node``, ``final_test_acc_average_model``; ``final_test_acc`` is
+            then the honest nodes' mean accuracy).
     """
 
     final_test_acc: float = math.nan
@@ -187,6 +190,9 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
         rec.update(out.plan.info)
     if out.bias is not None:
         rec.update(out.bias)
+    if out.node_metrics is not None:  # a mixing protocol: no server aggregate, its own numbers
+        rec.update(out.node_metrics)
+        return rec
     metrics = _step_metrics() if trainer.metrics else None  # trainer.metrics=false: no agg/* metrics
     mask = out.honest_mask()
     x = red.rule_rows()
@@ -318,6 +324,8 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         rec["time/elapsed_s"] = time.perf_counter() - t0
         summary.dropped_rows += len(out.reduced.dropped)
         kappas.append(rec.get("agg/kappa_hat", math.nan))
+        if "gossip/consensus_distance" in rec:  # a mixing protocol: how far apart the honest nodes ended
+            summary.extra["final_consensus_distance"] = rec["gossip/consensus_distance"]
         if out.byzantine and "agg/byz_accepted" in rec:
             accepted.append(rec["agg/byz_accepted"])
         emit(rec)
@@ -389,4 +397,7 @@ def fit(trainer: Trainer, *, steps: int, evaluate: Optional[EvalFn] = None, eval
         summary.final_test_acc = last_test.get("test/acc", math.nan)
         summary.final_test_loss = last_test.get("test/loss", math.nan)
         summary.worst_class_acc = last_test.get("test/worst_class_acc", math.nan)
+        if "test/acc_worst_node" in last_test:  # a mixing protocol: every honest node's model was tested
+            summary.extra["final_test_acc_worst_node"] = last_test["test/acc_worst_node"]
+            summary.extra["final_test_acc_average_model"] = last_test.get("test/acc_average_model", math.nan)
     return summary

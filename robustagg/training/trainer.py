@@ -108,6 +108,9 @@ class StepOutput:
             then the aggregate cross-check's (``lying_aggregator``, :mod:`~robustagg.distributed.vote`).
         exclude: ranks the cross-check named with ``on_lying_aggregator=exclude`` (the loop stops the
             attempt after recording them, see :func:`~robustagg.training.fit`).
+        node_metrics: a mixing protocol's per-step numbers (``gossip/*``, see
+            :meth:`Protocol.mix <robustagg.protocols.Protocol.mix>`), else ``None``; the step record
+            then has them instead of the server rule's ``agg/*`` metrics (there is no server aggregate).
     """
 
     step: int
@@ -120,6 +123,7 @@ class StepOutput:
     bias: Optional[dict[str, float]] = None
     detections: list[dict[str, Any]] = field(default_factory=list)
     exclude: list[int] = field(default_factory=list)
+    node_metrics: Optional[dict[str, float]] = None
 
     def honest_mask(self) -> torch.Tensor:
         """``(len(reduced.inputs),)`` bool: True for the honest rows the rule received."""
@@ -457,6 +461,8 @@ class Trainer:
         headers = self.reduction.announce(subs, step=announced, aux=aux, stop=stop_requested(), members=subset)
         self.last_headers, self.last_headers_at = headers, time.time()
         self.stop_request = next(((h.rank, h.stop) for h in headers if h.stop), None)
+        if proto.mixes:
+            return self._mixing_step(plan, subs, headers, byz_ranks, t0)
         if byz_ranks and byz is not None and byz.gradient_fn is not None:
             honest = [i for i in members if i not in byz_ranks]
             mine = [r for r in self.comm.local_ranks if r in byz_ranks]
@@ -504,6 +510,26 @@ class Trainer:
                           honest_inputs=proto.honest_inputs(reduced, byz_ranks), bias=bias,
                           detections=proto.detections(plan) + list(self.reduction.check.detections),
                           exclude=list(self.reduction.check.exclude))
+
+    def _mixing_step(self, plan: Any, subs: dict[int, torch.Tensor], headers: list["Header"],
+                     byz_ranks: tuple[int, ...], t0: float) -> StepOutput:
+        """The rest of :meth:`step` under a mixing protocol: every member's row all-gathered with
+        the integrity checks (and the non-finite policy) a reduction applies, then the protocol's
+        :meth:`mix` in place of the rule and :meth:`apply`. The step output's aggregate is the
+        trainer's model afterwards (the protocol sets it)."""
+        step = plan.step
+        full = self.reduction.share(subs, step=step)  # (n, d), members' order, checksums checked
+        self.reduction.finite_rows(full, list(range(full.shape[0])), step=step)  # abort: raises on NaN/inf
+        node_metrics = self.protocol.mix(self, full, plan, byz_ranks)
+        members = list(plan.members)
+        reduced = Reduced(aggregate=flatten([p.detach() for p in self.params]), step=step, seq=self.comm.seq,
+                          headers=headers, matrix=full, kept=members, members=members)
+        self.step_id += 1
+        if self.injector is not None:
+            self.injector.step_point("after_step", step)
+        self.current_step = None
+        return StepOutput(step=step, reduced=reduced, byzantine=byz_ranks, losses=[h.loss for h in headers],
+                          seconds=time.perf_counter() - t0, plan=plan, node_metrics=node_metrics)
 
     def _bias(self, plan: Any, reduced: Reduced, byz_ranks: tuple[int, ...]) -> Optional[dict[str, float]]:
         """``agg/bias_vs_sync`` (and its relative form) against the protocol's synchronous reference."""

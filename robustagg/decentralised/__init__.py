@@ -1,0 +1,1 @@
+"""Decentralised learning on a graph (no server): topologies, node-side rules, attacks, exposure."""
