@@ -28,7 +28,8 @@ IDENTITY_KEYS = ("aggregator", "preaggregation", "attack", "threat.byzantine", "
                  "trainer.collective_timeout_s", "trainer.mode", "trainer.backend", "trainer.device",
                  "trainer.param_check_every", "trainer.eval_every", "trainer.reduction", "trainer.checkpoint",
                  "trainer.resume", "trainer.max_restarts", "trainer.on_failure", "trainer.shrink_shards",
-                 "trainer.straggler_factor", "seed", "hydra")
+                 "trainer.straggler_factor", "seed", "hydra",
+                 "protocol.node_rule")  # under protocol=gossip the node rule is the run's rule (describe_run)
 
 
 
@@ -146,6 +147,9 @@ def describe_run(cfg: dict[str, Any]) -> dict[str, Any]:
     rule = _registry_name(cfg.get("aggregator"), _class_name) or "?"
     if pre and ">" not in rule:
         rule = f"{pre}>{rule}"
+    proto_node = cfg.get("protocol") or {}
+    if str(proto_node.get("_target_", "")).endswith(".Gossip"):  # no server rule: the node rule is the run's rule
+        rule = f"gossip:{proto_node.get('node_rule')}"
     attack = _registry_name(cfg.get("attack"), _attack_name) or "none"
     n = int(threat.get("n", 0) or 0)
     f = int(threat.get("f", 0) or 0)

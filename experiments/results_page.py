@@ -32,7 +32,7 @@ __all__ = ["ROOT", "PAGE", "PAGES", "RESULTS", "collect", "render_block", "rende
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
 #: Every page with generated blocks (the README quotes the tour on Fashion-MNIST).
-PAGES = (PAGE, ROOT / "README.md")
+PAGES = (PAGE, ROOT / "README.md", ROOT / "docs" / "decentralised.md")
 RESULTS = ROOT / "docs" / "results"
 
 _BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.S)
@@ -248,6 +248,16 @@ def _byzfl(path: Path) -> str:
     return table(rows) + "\n"
 
 
+def _decentralised(kind: str) -> Callable[[Path], str]:
+    """A renderer of :mod:`experiments.decentralised_page` (imported when called: it imports this module)."""
+    def render(path: Path) -> str:
+        from . import decentralised_page
+
+        return getattr(decentralised_page, kind)(path)
+
+    return render
+
+
 #: Block name -> (the folder or file under docs/results it reads, how it is rendered).
 RENDERERS: dict[str, tuple[str, Callable[[Path], str]]] = {
     "fmnist_worst_case": ("fmnist_benchmark", _worst_case),
@@ -259,6 +269,10 @@ RENDERERS: dict[str, tuple[str, Callable[[Path], str]]] = {
     "repro_fltrust2021": ("repro_fltrust2021_fmnist", _rule_by_attack),
     "repro_fltrust2021_asr": ("repro_fltrust2021_fmnist", _backdoor_success),
     "repro_allouah2023": ("repro_allouah2023_fmnist", _rule_setting_by_attack),
+    "gossip_consensus": ("gossip_consensus.csv", _decentralised("consensus_experiment_table")),
+    **{f"decentralised_{data}_{what}": (f"decentralised_{data}", _decentralised(fn))
+       for data in ("digits", "fmnist")
+       for what, fn in (("accuracy", "accuracy_table"), ("consensus", "consensus_table"), ("cost", "cost_line"))},
 }
 
 

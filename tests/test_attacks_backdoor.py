@@ -165,7 +165,7 @@ def test_batch_poison_hits_only_byzantine_batches_with_their_index():
     out = t.step()
     assert seen == [(0, torch.Size([4, 16]), 3), (1, torch.Size([4, 16]), 3)]
     assert out.byzantine == (1, 3) and t.comm.seq == 2  # no gradient hook: no exchange
-    with pytest.raises(ConfigError, match=r"needs gradient_fn, poison_fn or batch_poison_fn"):
+    with pytest.raises(ConfigError, match=r"needs gradient_fn, poison_fn, batch_poison_fn or gossip_fn"):
         ByzantineBehaviour(ranks=[1])
 
 

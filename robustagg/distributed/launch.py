@@ -610,7 +610,10 @@ def _failure(first: int, codes: list[Optional[int]], all_records: list[dict[str,
     records = [r for r in all_records if not r.get("terminated") and not r.get("interrupted")]
     by_launcher = sorted(set(terminated) | {int(r["rank"]) for r in all_records if r.get("terminated")})
     silent = [i for i, c in enumerate(codes) if c not in (0, None) and i not in by_rank and i not in by_launcher]
-    lost = sorted(set(silent) | set(by_launcher))
+    # a rank that recorded the failure it observed answered: stopped by the launcher afterwards (slow
+    # to exit under load, past the grace period) it is not lost, its state is the committed one
+    observed = {int(r["rank"]) for r in records}
+    lost = sorted(set(silent) | (set(by_launcher) - observed))
     kw: dict[str, Any] = {"failures": records, "lost": lost, "terminated": by_launcher, "exitcodes": codes,
                           "killed": killed, "states": states, "heartbeats": list(heartbeats),
                           "stacks": dict(stacks or {})}
