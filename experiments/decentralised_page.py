@@ -101,14 +101,12 @@ def _figure(runs: pd.DataFrame, curves: pd.DataFrame, attack: str) -> Optional[A
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report_figures import rule_colors
-
     sel = runs[(runs["attack"] == attack) & (runs["status"] == "ok")]
     if not len(sel):
         return None
     topologies = list(dict.fromkeys(sel["topology"]))
     rules = list(dict.fromkeys(sel["node_rule"]))
-    colors = rule_colors(rules)
+    colors = dict(zip(rules, plt.get_cmap("tab10").colors))  # one distinct colour per node rule
     fig, axes = plt.subplots(2, len(topologies), figsize=(4.2 * len(topologies), 6.4), squeeze=False)
     for j, topo in enumerate(topologies):
         for rule in rules:
@@ -127,7 +125,12 @@ def _figure(runs: pd.DataFrame, curves: pd.DataFrame, attack: str) -> Optional[A
         axes[1, j].set_xlabel("step")
     axes[0, 0].set_ylabel("honest consensus distance")
     axes[1, 0].set_ylabel("worst honest node: test accuracy (%)")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
+    seen: dict[str, Any] = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    labels = [r for r in rules if r in seen]
+    handles = [seen[r] for r in labels]
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig

@@ -356,3 +356,41 @@ def test_committed_consensus_cells_are_what_the_code_computes_now():
                 assert float(got) == pytest.approx(exp, rel=1e-9, abs=1e-300), (rule, col)
             else:
                 assert str(got) == str(exp), (rule, col)
+
+
+def _verdict(page: str, title: str) -> str:
+    return " ".join(page.split(f"**Verdict ({title}).**", 1)[1].split("\n\n", 1)[0].split())
+
+
+def test_the_digits_training_verdict_quotes_the_committed_runs():
+    from pathlib import Path
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[1]
+    t = pd.read_csv(root / "docs" / "results" / "decentralised_digits" / "results.csv", keep_default_na=False,
+                    na_values=[""])
+    verdict = _verdict((root / "docs" / "decentralised.md").read_text(encoding="utf-8"), "digits")
+
+    def cell(topo, rule, attack, col):
+        row = t[(t["topology"] == topo) & (t["node_rule"] == rule) & (t["attack"] == attack)]
+        assert len(row) == 1 and row["status"].iloc[0] == "ok", (topo, rule, attack)
+        return float(row[col].iloc[0])
+
+    for topo in ("ring", "torus", "exponential"):
+        plain, clipped = cell(topo, "gossip", "dissensus", "worst_node_acc"), cell(topo, "clipped_gossip", "dissensus",
+                                                                                    "worst_node_acc")
+        calm = cell(topo, "gossip", "none", "worst_node_acc")
+        for v in (plain, clipped, calm):
+            assert f"{100 * v:.1f} %" in verdict, (topo, v)
+        assert plain < clipped - 0.05 and plain < calm - 0.2
+    for topo in ("torus", "exponential"):
+        for rule in ("gossip", "clipped_gossip"):
+            assert f"{cell(topo, rule, 'dissensus', 'consensus_distance'):.1e}" in verdict
+    for rule in ("nna", "ios", "server:trimmed_mean"):
+        assert f"{100 * cell('ring', rule, 'none', 'worst_node_acc'):.1f} %" in verdict
+        assert f"{cell('ring', rule, 'none', 'consensus_distance'):.1e}" in verdict
+    assert f"{cell('ring', 'gossip', 'none', 'consensus_distance'):.1e}" in verdict
+    for topo, floor in (("torus", "93.8"), ("exponential", "95.8")):
+        calm = t[(t["topology"] == topo) & (t["attack"] == "none") & (t["status"] == "ok")]
+        assert f"{100 * calm['worst_node_acc'].min():.1f}" == floor and f"{floor} %" in verdict

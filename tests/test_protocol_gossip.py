@@ -121,6 +121,12 @@ def test_the_app_refuses_before_launch_naming_the_key_or_the_node():
     with pytest.raises(AssumptionError, match=r"disconnected without the Byzantine nodes \[3, 4\]"):
         validate(_cfg(*RING[:4], "protocol.topology=dumbbell", "threat.n=8", "threat.f=2", "protocol.node_f=2",
                       "protocol.placement=cut"))
+    with pytest.raises(ConfigError, match="trainer.aggregator_replicas=1"):
+        validate(_cfg(*RING, "trainer.aggregator_replicas=3", "trainer.mode=processes"))
+    with pytest.raises(ConfigError, match="trainer.measure_bias=false"):
+        validate(_cfg(*RING, "trainer.measure_bias=true", "trainer.mode=simulated"))
+    with pytest.raises(ConfigError, match="a torus needs an integer number of nodes >= 4 \\(threat.n"):
+        validate(_cfg(*RING, "threat.n=3", "protocol.topology=torus"))
     with pytest.raises(ConfigError, match="unknown protocol.topology 'grid'"):
         validate(_cfg(*RING, "protocol.topology=grid"))
     plan = validate(_cfg(*RING, "trainer.steps=1"))

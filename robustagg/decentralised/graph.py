@@ -98,9 +98,10 @@ def _from_networkx(name: str, g: nx.Graph, n: int) -> Graph:
     return Graph(name, a)
 
 
-def _count(n: object, name: str = "nodes", least: int = 2) -> int:
+def _count(n: object, topology: str = "a graph", least: int = 2) -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or int(n) < least:
-        raise ConfigError(f"protocol.{name} must be an integer >= {least}; got {n!r}.")
+        raise ConfigError(f"{topology} needs an integer number of nodes >= {least} (threat.n, one node per worker); "
+                          f"got {n!r}.")
     return int(n)
 
 
@@ -110,7 +111,7 @@ def ring(n: int) -> Graph:
     Raises:
         ConfigError: ``n < 2``.
     """
-    n = _count(n)
+    n = _count(n, "a ring")
     return _from_networkx(f"ring({n})", nx.cycle_graph(n), n)
 
 
@@ -121,7 +122,7 @@ def torus(n: int, rows: int = 0) -> Graph:
     Raises:
         ConfigError: ``rows`` does not divide ``n``, or a side shorter than 2.
     """
-    n = _count(n, least=4)
+    n = _count(n, "a torus", least=4)
     if rows == 0:
         rows = min((r for r in range(2, n) if n % r == 0), key=lambda r: (abs(r - math.sqrt(n)), r), default=0)
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 2 or n % int(rows) or n // rows < 2:
@@ -184,7 +185,7 @@ def dumbbell(n: int) -> Graph:
     Raises:
         ConfigError: ``n`` odd or below 4.
     """
-    n = _count(n, least=4)
+    n = _count(n, "a dumbbell", least=4)
     if n % 2:
         raise ConfigError(f"a dumbbell joins two equal cliques: the number of nodes must be even; got {n}.")
     h = n // 2

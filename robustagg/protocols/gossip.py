@@ -55,12 +55,18 @@ class Gossip(Protocol):
         node_rule: a :data:`~robustagg.decentralised.rules.NODE_RULES` name or ``server:<rule>``.
         node_f: the Byzantine neighbours the node rule tolerates at every node.
         weights: ``metropolis`` or ``uniform`` gossip weights.
-        placement: where the Byzantine workers sit on the graph: ``random|max_degree|cut``
-            (:func:`~robustagg.decentralised.graph.place_byzantine`); the worker ranks are mapped to
+        placement: where the Byzantine workers sit on the graph: ``max_degree`` (default; on a
+            regular graph the lowest ids, adjacent on a ring, so its honest path stays connected),
+            ``random`` or ``cut`` (:func:`~robustagg.decentralised.graph.place_byzantine`); the
+            worker ranks are mapped to
             graph nodes so that the run's Byzantine ranks land there (honest ranks fill the other
             nodes in ascending order).
         clip_radius: ``self_centred_clipping``'s fixed radius.
-        edge_probability, torus_rows, edges, adjacency_file: the topology's parameters.
+        edge_probability: ``erdos_renyi``'s edge probability.
+        torus_rows: ``torus``'s number of rows (0: the divisor of ``n`` nearest ``sqrt(n)``).
+        edges: ``topology="edges"``: the list of ``[i, j]`` edges.
+        adjacency_file: ``topology="file"``: the graph's file
+            (:func:`~robustagg.decentralised.graph.from_file`).
         graph_seed: seed of the random graph and of the random placement.
         strict: refuse (default) or only warn on an over-exposed honest node or a disconnected
             honest subgraph.
@@ -82,7 +88,7 @@ class Gossip(Protocol):
     mixes: ClassVar[bool] = True
 
     def __init__(self, *, topology: str = "ring", node_rule: str = "clipped_gossip", node_f: int = 1,
-                 weights: str = "metropolis", placement: str = "random", clip_radius: float = 1.0,
+                 weights: str = "metropolis", placement: str = "max_degree", clip_radius: float = 1.0,
                  edge_probability: float = 0.5, torus_rows: int = 0, edges: Any = None, adjacency_file: Any = None,
                  graph_seed: int = 0, strict: bool = True,
                  client_optimizer: Optional[Callable[[Any], torch.optim.Optimizer]] = None) -> None:
