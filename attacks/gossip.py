@@ -76,6 +76,14 @@ class GossipAttack(abc.ABC):
         """The attack's name and parameters (for the summary)."""
         return {"attack": self.name}
 
+    def check_view(self, inputs: int, byzantine: int) -> None:
+        """Refuse, before launch, a receiver the attack cannot be computed against: one with
+        ``inputs`` inputs (its degree + 1) of which ``byzantine`` are Byzantine neighbours.
+
+        Raises:
+            ConfigError: naming ``attack.<key>`` and the fix (default: never).
+        """
+
 
 class Dissensus(GossipAttack):
     """The dissensus attack (He, Karimireddy, Jaggi 2022, Sec. 4): every Byzantine neighbour ``j``
@@ -116,6 +124,15 @@ class GossipALIE(GossipAttack):
 
     def __init__(self, *, z: Optional[float] = None) -> None:
         self.z = None if z is None else _positive(z, "z")
+
+    def check_view(self, inputs: int, byzantine: int) -> None:
+        if self.z is None and byzantine > 0:
+            try:
+                alie_z(int(inputs), int(byzantine))
+            except Exception as exc:  # the formula's own message, with the key that fixes it
+                raise ConfigError(f"attack=gossip_alie with attack.z=null takes Baruch et al.'s z at each receiver, "
+                                  f"undefined at a node with {inputs} inputs and {byzantine} Byzantine neighbours "
+                                  f"({exc}); pass attack.z=1.0 (or another positive z).") from None
 
     def _craft(self, own, honest, w_honest, w_byzantine, senders, *, generator, side, direction):
         view = torch.cat([own[None], honest])

@@ -18,8 +18,10 @@ import dataclasses
 import difflib
 import errno
 import functools
+import hashlib
 import inspect
 import ipaddress
+import json
 import math
 import re
 import socket
@@ -338,7 +340,7 @@ class Plan:
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}
         return Job(build=ExperimentBuild(cfg=self.cfg, data=self.data, attack_kind=self.attack_kind,
                                          attack_name=self.attack_name),
-                   n=self.n, run_dir=self.out_dir, settings=settings, f=self.f, rule=build_rule(cfg),
+                   n=self.n, run_dir=self.out_dir, settings=settings, f=self.f, rule=_server_rule(cfg),
                    byzantine_ids=self.byzantine_ranks, identities=self.identities, fingerprint=dict(self.fingerprint),
                    faults=list(self.faults), name=self.run_label(), meta=meta, config=logged_config(self.cfg),
                    run_id=self.run_id, violations=list(self.violations), assumption_violated=self.assumption_violated,
@@ -377,7 +379,7 @@ class ExperimentBuild:
         cfg: DictConfig = OmegaConf.create(self.cfg)  # type: ignore[assignment]
         device = ctx.device
         model, optimizer, scheduler = build_model_and_optimizer(self.data, cfg, device)
-        rule = build_rule(cfg)
+        rule = _server_rule(cfg) or ra.Mean()  # protocol=gossip: the reduction only exchanges the rows
         byzantine = build_byzantine(ctx.byzantine_ranks, cfg, rule, attack_kind=self.attack_kind,
                                     attack_name=self.attack_name)
         shards = {}
@@ -407,18 +409,47 @@ class ExperimentBuild:
                            protocol=protocol)
 
 
-def _gossip_checks(cfg: DictConfig, n: int, ranks: tuple[int, ...], kind: Optional[str],
-                   attack_name: str) -> Optional[str]:
+def _server_rule(cfg: DictConfig) -> Optional[Aggregator]:
+    """The server rule a job runs: the configured one, or none under a protocol without a server
+    aggregate (``protocol=gossip``: the aggregator group is not used, so its requirement is not the
+    run's; the reduction only exchanges the rows, with the mean as its unused rule)."""
+    if bool(getattr(build_protocol(cfg), "mixes", False)):
+        return None
+    return build_rule(cfg)
+
+
+@dataclass
+class GossipPlan:
+    """What :func:`_gossip_checks` found (empty when the protocol is not gossip).
+
+    Attributes:
+        label: the run's rule label, ``gossip:<node rule>`` (the aggregator group is not used).
+        notes: the launch note (the graph, where the Byzantine nodes sit, the largest Byzantine
+            weight and the honest spectral gap).
+        violations: the per-node violations ``strict=false`` lets run (the run's broken assumptions).
+        identity: ``{"protocol.graph_sha256": ...}``: the graph's edges belong to the experiment's
+            identity (a resume onto another graph, e.g. an edited adjacency file, is refused).
+    """
+
+    label: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    identity: dict[str, str] = field(default_factory=dict)
+
+
+def _gossip_checks(cfg: DictConfig, n: int, ranks: tuple[int, ...], kind: Optional[str], attack_name: str,
+                   attack: Any = None) -> GossipPlan:
     """Under ``protocol=gossip``, before launch: the attack has a gossip form, the trainer settings a
     node-local optimizer allows, and every honest node's exposure with the Byzantine ranks placed on
     the graph (:meth:`robustagg.protocols.Gossip.layout`); a gossip attack needs ``protocol=gossip``.
 
     Returns:
-        the run's rule label under gossip (``gossip:<node rule>``: the aggregator group is not
-        used), else ``None``.
+        a :class:`GossipPlan` (empty when the protocol is not gossip).
 
     Raises:
-        ConfigError: a server gradient attack under gossip, or a gossip attack under another protocol.
+        ConfigError: a server gradient attack or a backdoor under gossip, a gossip attack under
+            another protocol, a membership schedule, a node the rule or the attack cannot be
+            computed at, or a trainer setting gossip has no use for (each naming its key).
         AssumptionError: an over-exposed honest node or a disconnected honest subgraph (strict).
     """
     proto = build_protocol(cfg)
@@ -427,7 +458,11 @@ def _gossip_checks(cfg: DictConfig, n: int, ranks: tuple[int, ...], kind: Option
         raise ConfigError(f"attack={attack_name} is a gossip attack (each neighbour gets its own message): it needs "
                           "protocol=gossip; under a server protocol use alie, ipm or sign_flip.")
     if not mixes:
-        return None
+        return GossipPlan()
+    if kind == "data" and hasattr(attack, "poison_batch"):
+        raise ConfigError(f"attack={attack_name} poisons batches and goes through the server's gradient hook (a "
+                          "backdoor); under protocol=gossip only label poisoning runs as a data attack: use "
+                          "attack=label_flip or a gossip attack.")
     if kind == "gradient":
         from attacks.gossip import GOSSIP_ATTACKS
 
@@ -452,8 +487,20 @@ def _gossip_checks(cfg: DictConfig, n: int, ranks: tuple[int, ...], kind: Option
     if str(getattr(tr.on_nonfinite, "value", tr.on_nonfinite)) == "drop":
         raise ConfigError("protocol=gossip mixes every neighbour's model: trainer.on_nonfinite=drop would leave a "
                           "hole in a node's neighbourhood; use trainer.on_nonfinite=abort.")
-    proto.layout(n, ranks)
-    return f"gossip:{proto.rule.describe()['node_rule']}"
+    if tr.membership:
+        raise ConfigError("protocol=gossip keeps one model per node on a fixed graph; trainer.membership (workers "
+                          "absent for some steps) cannot run with it. Remove trainer.membership.")
+    graph, node_of, rep = proto.layout(n, ranks)
+    placed = sorted(node_of[r] for r in ranks)
+    if attack is not None and hasattr(attack, "check_view"):
+        for node in rep["nodes"]:
+            attack.check_view(int(node["inputs"]), len(node["byzantine_neighbours"]))
+    note = (f"protocol=gossip on {graph.name}: Byzantine nodes {placed} (worker ranks {list(ranks)}), node rule "
+            f"{proto.rule_name} with node_f={proto.node_f}; largest Byzantine gossip weight at an honest node "
+            f"{rep['byzantine_weight_max']:.3f}, honest subgraph's spectral gap {rep['spectral_gap']:.3f}.")
+    edges = hashlib.sha256(json.dumps(graph.edges()).encode()).hexdigest()
+    return GossipPlan(label=f"gossip:{proto.rule.describe()['node_rule']}", notes=[note],
+                      violations=list(rep["violations"]), identity={"protocol.graph_sha256": edges})
 
 
 def build_protocol(cfg: DictConfig) -> Any:
@@ -1016,7 +1063,9 @@ def validate(cfg: Any, *, out_dir: str = ".", follows: Optional[list[str]] = Non
             _dry_run_attack(attack, rule, n, b, attack_name)
     if attack is None or b == 0:
         ranks = ()
-    node_rule = _gossip_checks(cfg, n, tuple(ranks), kind, attack_name)
+    gossip = _gossip_checks(cfg, n, tuple(ranks), kind, attack_name, attack)
+    node_rule = gossip.label
+    violations = list(violations) + [f"protocol=gossip: {v}" for v in gossip.violations]
     data = build_data(cfg.data, n=n, byzantine_ranks=ranks, seed=int(cfg.seed))
     if redundancy is not None:  # every replica of a group holds the group's pooled shard
         from robustagg.protocols.redundant import pool_parts
@@ -1061,16 +1110,17 @@ def validate(cfg: Any, *, out_dir: str = ".", follows: Optional[list[str]] = Non
     assert isinstance(container, dict)
     plan.cfg = {str(k): v for k, v in container.items()}
     plan.violations = list(violations) + notes
-    plan.assumption_violated = bool(_hard_violations(rule, rows)) or b > f or any(v.startswith("protocol=")
-                                                                                  for v in violations) or (
+    plan.assumption_violated = (not mixes and bool(_hard_violations(rule, rows))) or b > f or any(
+        v.startswith("protocol=") for v in violations) or (
         redundancy is not None and int(getattr(rule, "f", 0)) < redundancy[2])
     if redundancy is not None:
         plan.notes.append(_redundancy_note(redundancy, n, f).strip(" ()").rstrip(".")
                           + f"; the rule {rule.display_name} runs with f={getattr(rule, 'f', 0)}.")
-    plan.notes += advice
+    plan.notes += advice + gossip.notes
     plan.run_id = uuid.uuid4().hex[:12]
     plan.identities = tuple(range(n))
     plan.fingerprint = fingerprint(plan.cfg)
+    plan.fingerprint.update(gossip.identity)
     from robustagg.launch.identity import FOLLOWS_STEPS
 
     plan.fingerprint.update({k: FOLLOWS_STEPS for k in follows if k in plan.fingerprint})  # extending follows

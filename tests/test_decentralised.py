@@ -156,9 +156,9 @@ def test_node_rule_names_and_parameters_are_checked():
 # --- per-node exposure -------------------------------------------------------------------------
 def test_a_rule_whose_requirement_fails_at_a_node_s_degree_is_refused_naming_the_node():
     with pytest.raises(AssumptionError, match=r"honest nodes 1 \(Byzantine neighbours \[0\]\), 2, 3, 4, 5 "
-                                              r"\(Byzantine neighbours \[0\]\) \(degree 2\): BRIDGE-T requires n >= "
-                                              r"2f \+ 2 .* got n=3, f=1\. Use a denser topology"):
-        check_exposure(G.ring(6), (0,), R.BridgeTrimmedMean(), node_f=1)
+                                              r"\(Byzantine neighbours \[0\]\) \(degree 2\): BRIDGE-M requires n >= "
+                                              r"2f \+ 1 .* got n=3, f=2\. Use a denser topology"):
+        check_exposure(G.ring(6), (0,), R.BridgeMedian(), node_f=2)
     rep = check_exposure(G.ring(6), (0,), R.BridgeMedian(), node_f=1)  # n = 3 >= 2f + 1
     assert rep["violations"] == [] and rep["honest_connected"]
 
@@ -294,7 +294,7 @@ def test_the_refusals_the_page_quotes_are_what_the_checks_say():
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "decentralised.md").read_text(encoding="utf-8")
     quoted = page.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
-    ring = exposure(G.ring(16), (), R.BridgeTrimmedMean(), node_f=1)["violations"]
+    ring = exposure(G.ring(16), (), R.BridgeTrimmedMean(), node_f=1)["cannot_run"]
     assert len(ring) == 1 and quoted[0] == ring[0].replace(", ".join(map(str, range(3, 15))), "...")
     bell = G.dumbbell(8)
     assert quoted[1] == exposure(bell, G.place_byzantine(bell, 2, "cut"), R.ClippedGossip(), node_f=2)["violations"][0]
@@ -394,3 +394,47 @@ def test_the_digits_training_verdict_quotes_the_committed_runs():
     for topo, floor in (("torus", "93.8"), ("exponential", "95.8")):
         calm = t[(t["topology"] == topo) & (t["attack"] == "none") & (t["status"] == "ok")]
         assert f"{100 * calm['worst_node_acc'].min():.1f}" == floor and f"{floor} %" in verdict
+
+
+def test_malformed_user_graphs_are_refused_naming_where_they_came_from(tmp_path):
+    for bad, match in ((5, "expected a list of edges"), ([[0, 1], [1, 2], None], "pair of integer node ids"),
+                       ([], "holds no edge"), ({"0": 1}, "expected a list of edges"),
+                       ([[0, 1.0]], "pair of integer node ids")):
+        with pytest.raises(ConfigError, match=match):
+            G.from_edges(4, bad)
+    (tmp_path / "m2.json").write_text(json.dumps([[0, 1], [1, 0]]))
+    assert G.from_file(tmp_path / "m2.json", 2).edges() == [(0, 1)]  # a 2 x 2 list at n = 2 is a matrix
+    (tmp_path / "loops.json").write_text(json.dumps([[1, 0], [0, 1]]))
+    with pytest.raises(ConfigError, match="loops.json'.*self-loops"):
+        G.from_file(tmp_path / "loops.json", 2)
+    (tmp_path / "m3.json").write_text(json.dumps([[0, 1, 1], [1, 0, 1], [1, 1, 0]]))
+    with pytest.raises(ConfigError, match=r"a 3 x 3 adjacency matrix, but threat.n=4: it must be 4 x 4"):
+        G.from_file(tmp_path / "m3.json", 4)
+    (tmp_path / "float.json").write_text(json.dumps([[0, 1.0], [1, 2]]))
+    with pytest.raises(ConfigError, match="protocol.adjacency_file '.*float.json': every edge is a pair"):
+        G.from_file(tmp_path / "float.json", 4)
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    with pytest.raises(ConfigError, match="empty.txt' holds no edge"):
+        G.from_file(tmp_path / "empty.txt", 4)
+    with pytest.raises(ConfigError, match="a torus of 7 nodes needs n = rows x columns"):
+        G.torus(7)
+
+
+def test_the_spectral_gap_of_uniform_weights_is_the_row_stochastic_matrix_s_own():
+    # path 0 - 1 - 2, uniform: trace 4/3 = 1 + l2 + l3, det -1/12 = l2 l3: l2, l3 = 1/2, -1/6
+    w = G.mixing_matrix(G.from_edges(3, [[0, 1], [1, 2]]), "uniform")
+    assert G.spectral_gap(w) == pytest.approx(0.5, abs=1e-12)
+
+
+def test_a_rule_that_cannot_be_computed_at_a_node_is_refused_even_to_study_breakdown():
+    with pytest.raises(AssumptionError, match=r"honest nodes 1, 2, 3, 4, 5 \(degree 2\): BRIDGE-T cannot trim f=1"):
+        check_exposure(G.ring(6), (0,), R.BridgeTrimmedMean(), node_f=1, strict=False)
+    with pytest.raises(AssumptionError, match="NNA cannot drop f=1 of k=0"):
+        check_exposure(G.from_edges(3, [[0, 1]]), (), R.NearestNeighbourAveraging(), node_f=1, strict=False)
+
+
+def test_gossip_alie_refuses_a_receiver_where_its_z_is_undefined():
+    GossipALIE().check_view(8, 2)  # defined
+    GossipALIE(z=1.0).check_view(5, 3)  # an explicit z always is
+    with pytest.raises(ConfigError, match=r"5 inputs and 3 Byzantine neighbours .*pass attack.z=1.0"):
+        GossipALIE().check_view(5, 3)

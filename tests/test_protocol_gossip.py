@@ -95,6 +95,18 @@ def test_the_dissensus_attack_drives_gossip_apart_and_clipped_gossip_holds():
     assert spread["clipped_gossip"][-1] < spread["gossip"][-1] / 5
 
 
+def test_the_library_refuses_a_gossip_attack_under_a_server_protocol_and_bad_arguments():
+    with pytest.raises(ConfigError, match="is a gossip attack .* has a server aggregate"):
+        _trainer(4, None, byzantine=ByzantineBehaviour(ranks=(1,), gossip_fn=Dissensus(), name="dissensus"))
+    with pytest.raises(ConfigError, match="protocol.graph_seed must be an integer"):
+        Gossip(graph_seed=None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="protocol.strict must be true or false"):
+        Gossip(strict="false")  # type: ignore[arg-type]
+    import numpy as np
+
+    assert Gossip(node_f=np.int64(2)).node_f == 2
+
+
 def test_gossip_refuses_what_it_cannot_run_at_bind():
     with pytest.raises(ConfigError, match="needs each node's optimizer"):
         _trainer(4, Gossip(topology="ring", node_rule="gossip", node_f=0))
@@ -116,8 +128,8 @@ def test_the_app_refuses_before_launch_naming_the_key_or_the_node():
         validate(_cfg(*RING, "trainer.worker_momentum=0.9"))
     with pytest.raises(ConfigError, match="scheduler=none"):
         validate(_cfg(*RING, "scheduler=cosine"))
-    with pytest.raises(AssumptionError, match=r"BRIDGE-T requires n >= 2f \+ 2 .*got n=3, f=1"):
-        validate(_cfg(*RING, "protocol.node_rule=bridge_trimmed_mean"))
+    with pytest.raises(AssumptionError, match=r"BRIDGE-M requires n >= 2f \+ 1 .*got n=3, f=2"):
+        validate(_cfg(*RING, "protocol.node_rule=bridge_median", "protocol.node_f=2"))
     with pytest.raises(AssumptionError, match=r"disconnected without the Byzantine nodes \[3, 4\]"):
         validate(_cfg(*RING[:4], "protocol.topology=dumbbell", "threat.n=8", "threat.f=2", "protocol.node_f=2",
                       "protocol.placement=cut"))
@@ -129,8 +141,24 @@ def test_the_app_refuses_before_launch_naming_the_key_or_the_node():
         validate(_cfg(*RING, "threat.n=3", "protocol.topology=torus"))
     with pytest.raises(ConfigError, match="unknown protocol.topology 'grid'"):
         validate(_cfg(*RING, "protocol.topology=grid"))
+    with pytest.raises(ConfigError, match="trainer.membership .* cannot run with it"):
+        validate(_cfg(*RING, "trainer.membership=[{workers: [5], absent: [1, 2]}]"))
+    with pytest.raises(ConfigError, match="attack=backdoor poisons batches .* use attack=label_flip"):
+        validate(_cfg(*RING, "attack=backdoor"))
+    with pytest.raises(AssumptionError, match="BRIDGE-T cannot trim f=1 values .* even to study breakdown"):
+        validate(_cfg(*RING, "protocol.node_rule=bridge_trimmed_mean", "strict=false"))
+    broken = validate(_cfg(*RING, "protocol.node_f=0", "strict=false", "trainer.steps=1"))
+    assert broken.assumption_violated and any("has 1 Byzantine neighbours but the node rule tolerates "
+                                              "protocol.node_f=0" in v for v in broken.violations)
+    calm = validate(_cfg("protocol=gossip", "attack=none", "threat.n=4", "trainer.steps=1"))  # trimmed_mean, f=2:
+    assert not calm.assumption_violated and calm.job().rule is None  # the unused server rule is not checked
     plan = validate(_cfg(*RING, "trainer.steps=1"))
+    assert plan.fingerprint["protocol.graph_sha256"] != validate(_cfg(*RING, "trainer.steps=1", "threat.n=7"))\
+        .fingerprint["protocol.graph_sha256"]
     assert plan.rule_name == "gossip:clipped_gossip" and plan.attack_name == "dissensus"
+    assert "protocol=gossip on ring(6): Byzantine nodes [0] (worker ranks [5]), node rule clipped_gossip with " \
+           "node_f=1; largest Byzantine gossip weight at an honest node 0.333, honest subgraph's spectral gap" in \
+           " ".join(plan.notes)
 
 
 def _records(run: Path, kind: str) -> list[dict]:
@@ -149,7 +177,8 @@ def test_a_simulated_run_records_per_node_accuracy_and_consensus(tmp_path):
     assert test["test/acc_worst_node"] <= test["test/acc"] <= test["test/acc_best_node"]
     assert s["final_test_acc"] == test["test/acc"] and s["final_test_acc_worst_node"] == test["test/acc_worst_node"]
     trainrec = _records(tmp_path / "sim", "train")
-    assert len(trainrec) == 12 and "gossip/consensus_distance" in trainrec[-1] and "agg/kappa_hat" not in trainrec[-1]
+    assert len(trainrec) == 12 and "gossip/consensus_distance" in trainrec[-1]
+    assert not [k for k in trainrec[-1] if k.startswith("agg/")]  # no server aggregate, no agg/* metrics
     assert s["final_consensus_distance"] == trainrec[-1]["gossip/consensus_distance"]
     assert s["rule"] == "gossip:clipped_gossip" and s["protocol"] == "gossip" and s["topology"] == "ring(6)"
     assert s["byzantine_nodes"] == [0] and s["node_rule"] == "clipped_gossip"

@@ -61,6 +61,7 @@ def exposure(graph: Graph, byzantine: Sequence[int], rule: NodeRule, *, node_f: 
     nodes: list[dict[str, Any]] = []
     violations: list[str] = []
     broken_at: dict[tuple[int, str], list[str]] = {}  # (degree, the rule's message) -> the nodes, one message
+    impossible: dict[tuple[int, str], list[str]] = {}  # (degree, why the rule cannot run) -> the nodes
     req = rule.requirement()
     for i in range(n):
         if i in bad:
@@ -82,6 +83,9 @@ def exposure(graph: Graph, byzantine: Sequence[int], rule: NodeRule, *, node_f: 
             broken = req.check(inputs, int(node_f)) if req is not None and not req.advisory else []
         for msg in broken:
             broken_at.setdefault((len(nb), msg), []).append(f"{i} (Byzantine neighbours {byz})" if byz else str(i))
+        why = rule.computable(len(nb), int(node_f))
+        if why is not None:
+            impossible.setdefault((len(nb), why), []).append(str(i))
         if byz and delta >= MAX_BYZANTINE_WEIGHT:
             violations.append(f"{where}: its Byzantine neighbours hold {delta:.3f} of its gossip weight (>= "
                               f"{MAX_BYZANTINE_WEIGHT}): they outweigh every honest input. Use a denser topology "
@@ -94,7 +98,11 @@ def exposure(graph: Graph, byzantine: Sequence[int], rule: NodeRule, *, node_f: 
         violations.append(f"the honest nodes of {graph.name} are disconnected without the Byzantine nodes {bad} "
                           f"(components {sub['components']}): no rule can bring them to one model. Use a topology "
                           "with more paths (torus, exponential) or another placement.")
-    return {"nodes": nodes, "byzantine_weight_max": max((float(r["byzantine_weight"]) for r in nodes), default=0.0),
+    cannot = [f"honest node{'s' if len(which) > 1 else ''} {', '.join(which)} (degree {degree}): {why}, so it cannot "
+              "run there even to study breakdown. Use a denser topology or lower protocol.node_f."
+              for (degree, why), which in impossible.items()]
+    return {"nodes": nodes, "cannot_run": cannot,
+            "byzantine_weight_max": max((float(r["byzantine_weight"]) for r in nodes), default=0.0),
             "honest_connected": sub["connected"], "honest_components": sub["components"],
             "spectral_gap": sub["spectral_gap"], "violations": violations}
 
@@ -108,10 +116,13 @@ def check_exposure(graph: Graph, byzantine: Sequence[int], rule: NodeRule, *, no
 
     Raises:
         AssumptionError: ``strict`` and some honest node is over-exposed or the honest subgraph is
-            disconnected; every violation is named (node, its Byzantine neighbours, the fix).
+            disconnected (every violation named: node, its Byzantine neighbours, the fix); or, strict
+            or not, the rule cannot be computed at some node.
         ConfigError: as :func:`exposure`.
     """
     rep = exposure(graph, byzantine, rule, node_f=node_f, weighting=weighting)
+    if rep["cannot_run"]:  # not a breakdown to study: refused under strict=false too (a sweep skips it)
+        raise AssumptionError(" ".join(rep["cannot_run"]))
     if rep["violations"]:
         text = " ".join(rep["violations"])
         if strict:

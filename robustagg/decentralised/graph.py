@@ -125,6 +125,9 @@ def torus(n: int, rows: int = 0) -> Graph:
     n = _count(n, "a torus", least=4)
     if rows == 0:
         rows = min((r for r in range(2, n) if n % r == 0), key=lambda r: (abs(r - math.sqrt(n)), r), default=0)
+    if rows == 0:
+        raise ConfigError(f"a torus of {n} nodes needs n = rows x columns with both sides at least 2, and {n} has no "
+                          "such divisor: pick a composite threat.n (e.g. 16) or another topology.")
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 2 or n % int(rows) or n // rows < 2:
         raise ConfigError(f"protocol.torus_rows must divide the number of nodes {n} into two sides of at least 2; "
                           f"got {rows!r}. Pick a composite number of nodes or another torus_rows.")
@@ -197,32 +200,45 @@ def dumbbell(n: int) -> Graph:
     return Graph(f"dumbbell({n})", a)
 
 
-def from_edges(n: int, edges: Iterable[Sequence[int]], name: str = "edges") -> Graph:
-    """A user-given graph: ``n`` nodes and a list of undirected edges ``[i, j]``.
+def from_edges(n: int, edges: Any, name: str = "edges", where: str = "protocol.edges") -> Graph:
+    """A user-given graph: ``n`` nodes and a list of undirected edges ``[i, j]`` (a repeated edge
+    counts once).
+
+    Args:
+        where: what to name in messages (the config key, or the file the edges came from).
 
     Raises:
-        ConfigError: an edge that is not two distinct node ids in ``[0, n)``.
+        ConfigError: ``edges`` is not a non-empty list of pairs of distinct node ids in ``[0, n)``.
     """
     n = _count(n)
+    if isinstance(edges, (str, bytes, dict)) or not isinstance(edges, Iterable):
+        raise ConfigError(f"{where}: expected a list of edges [[i, j], ...]; got {edges!r}.")
     a = np.zeros((n, n), dtype=bool)
+    count = 0
     for e in edges:
-        pair = list(e)
-        if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pair):
-            raise ConfigError(f"protocol.edges: every edge is a pair of node ids [i, j]; got {e!r}.")
+        pair = list(e) if isinstance(e, (list, tuple)) else None
+        if pair is None or len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                                                 for v in pair):
+            raise ConfigError(f"{where}: every edge is a pair of integer node ids [i, j]; got {e!r}.")
         i, j = (int(v) for v in pair)
         if not (0 <= i < n and 0 <= j < n) or i == j:
-            raise ConfigError(f"protocol.edges: edge {[i, j]} must join two distinct nodes of 0..{n - 1}.")
+            raise ConfigError(f"{where}: edge {[i, j]} must join two distinct nodes of 0..{n - 1} (threat.n={n}).")
         a[i, j] = a[j, i] = True
+        count += 1
+    if count == 0:
+        raise ConfigError(f"{where} holds no edge: give at least one [i, j] pair.")
     return Graph(name, a)
 
 
 def from_file(path: str | Path, n: int) -> Graph:
-    """A user-given graph from a file: JSON (a list of edges ``[[i, j], ...]`` or an ``N x N`` 0/1
-    matrix), or text (one edge ``i j`` per line, ``#`` comments).
+    """A user-given graph from a file: JSON (a list of edges ``[[i, j], ...]``, or an ``N x N`` 0/1
+    matrix: a square list of 0s and 1s of more than 2 rows is read as a matrix, a 2 x 2 one only
+    when ``n = 2``), or text (one edge ``i j`` per line, ``#`` comments).
 
     Raises:
-        ConfigError: the file is missing or unreadable, its matrix is not ``n x n`` 0/1, or an edge
-            is invalid (:func:`from_edges`); the message names the file.
+        ConfigError: the file is missing or unreadable, its matrix is not ``n x n`` (or not
+            symmetric, or has a self-loop), it holds no edge, or an edge is invalid
+            (:func:`from_edges`); the message names the file.
     """
     p = Path(path)
     try:
@@ -231,20 +247,27 @@ def from_file(path: str | Path, n: int) -> Graph:
         raise ConfigError(f"protocol.adjacency_file {str(p)!r} cannot be read ({e}); give a JSON edge list or "
                           "matrix, or a text file of 'i j' lines.") from None
     name = f"file({p.name})"
+    where = f"protocol.adjacency_file {str(p)!r}"
     if p.suffix.lower() == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"protocol.adjacency_file {str(p)!r} is not valid JSON ({e}).") from None
-        if isinstance(data, list) and data and all(isinstance(r, list) and len(r) == n for r in data) \
-                and len(data) == n and n != 2:
-            m = np.asarray(data)
-            if not np.isin(m, (0, 1)).all():
-                raise ConfigError(f"protocol.adjacency_file {str(p)!r}: a matrix holds only 0 and 1.")
-            return Graph(name, m.astype(bool))
+            raise ConfigError(f"{where} is not valid JSON ({e}).") from None
         if not isinstance(data, list):
-            raise ConfigError(f"protocol.adjacency_file {str(p)!r}: expected a list of edges or an {n} x {n} matrix.")
-        return from_edges(n, data, name=name)
+            raise ConfigError(f"{where}: expected a list of edges [[i, j], ...] or an {n} x {n} 0/1 matrix.")
+        square = len(data) > 0 and all(isinstance(r, list) and len(r) == len(data) for r in data)
+        zero_one = square and all(isinstance(v, int) and not isinstance(v, bool) and v in (0, 1)
+                                  for r in data for v in r)
+        if square and zero_one and (len(data) > 2 or n == 2):  # an n x n 0/1 list is a matrix (2 x 2 only at n = 2)
+            if len(data) != n:
+                raise ConfigError(f"{where}: a {len(data)} x {len(data)} adjacency matrix, but threat.n={n}: it must "
+                                  f"be {n} x {n}.")
+            m = np.asarray(data, dtype=np.int64)
+            try:
+                return Graph(name, m.astype(bool))
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+        return from_edges(n, data, name=name, where=where)
     edges = []
     for k, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -254,9 +277,8 @@ def from_file(path: str | Path, n: int) -> Graph:
         try:
             edges.append([int(v) for v in parts])
         except ValueError:
-            raise ConfigError(f"protocol.adjacency_file {str(p)!r} line {k}: expected two node ids, got "
-                              f"{line!r}.") from None
-    return from_edges(n, edges, name=name)
+            raise ConfigError(f"{where} line {k}: expected two node ids, got {line!r}.") from None
+    return from_edges(n, edges, name=name, where=where)
 
 
 #: ``protocol.topology`` names and what they build (:func:`build`).
@@ -365,13 +387,15 @@ def place_byzantine(graph: Graph, f: int, placement: str = "random", seed: int =
 
 
 def spectral_gap(w: np.ndarray) -> float:
-    """``1 - |lambda_2|`` of a mixing matrix ``(m, m)``: the second-largest eigenvalue modulus
-    (of the symmetric part), how fast plain gossip contracts disagreement per round (0: never,
-    e.g. a disconnected graph). A single node has gap 1."""
+    """``1 - |lambda_2|`` of a mixing matrix ``(m, m)``, with ``|lambda_2|`` its second-largest
+    eigenvalue modulus: how fast plain gossip contracts disagreement per round (0: never, e.g. a
+    disconnected graph). A single node has gap 1. (Uniform weights give a row-stochastic matrix
+    similar to a symmetric one, so its eigenvalues are real too.)"""
     m = np.asarray(w, dtype=np.float64)
     if m.shape[0] < 2:
         return 1.0
-    lam = np.sort(np.abs(np.linalg.eigvalsh((m + m.T) / 2.0)))[::-1]
+    values = np.linalg.eigvalsh(m) if np.allclose(m, m.T) else np.linalg.eigvals(m)
+    lam = np.sort(np.abs(values))[::-1]
     return float(max(0.0, 1.0 - lam[1]))
 
 

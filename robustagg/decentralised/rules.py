@@ -60,6 +60,11 @@ class NodeRule(abc.ABC):
         """The inequality between the node's inputs ``n = k + 1`` and its declared ``f``, or ``None``."""
         return None
 
+    def computable(self, k: int, f: int) -> Optional[str]:
+        """Why the rule cannot be computed at all at a node with ``k`` neighbours and bound ``f``
+        (``None``: it can). Unlike a broken requirement, ``strict=false`` does not run such a node."""
+        return None
+
     @abc.abstractmethod
     def mix(self, own: torch.Tensor, received: torch.Tensor, w_self: float, w: torch.Tensor, *, f: int) -> torch.Tensor:
         """The node's next model ``(d,)`` (see the module docstring for the arguments)."""
@@ -172,6 +177,9 @@ class BridgeTrimmedMean(NodeRule):
     def requirement(self) -> Optional[Requirement]:
         return linear("BRIDGE-T", 2, 2, self.paper)
 
+    def computable(self, k: int, f: int) -> Optional[str]:
+        return None if k - 2 * f >= 1 else f"BRIDGE-T cannot trim f={f} values at each end of k={k} received ones"
+
     def mix(self, own: torch.Tensor, received: torch.Tensor, w_self: float, w: torch.Tensor, *, f: int) -> torch.Tensor:
         _check(own, received, w)
         k = received.shape[0]
@@ -218,6 +226,9 @@ class NearestNeighbourAveraging(NodeRule):
 
     def requirement(self) -> Optional[Requirement]:
         return linear("NNA", 2, 1, self.paper)
+
+    def computable(self, k: int, f: int) -> Optional[str]:
+        return None if k >= f else f"NNA cannot drop f={f} of k={k} received models"
 
     def mix(self, own: torch.Tensor, received: torch.Tensor, w_self: float, w: torch.Tensor, *, f: int) -> torch.Tensor:
         _check(own, received, w)

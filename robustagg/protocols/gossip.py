@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
@@ -101,9 +102,16 @@ class Gossip(Protocol):
         if self.placement not in graphs.PLACEMENTS:
             raise ConfigError(f"unknown protocol.placement {placement!r}; choose one of "
                               f"{', '.join(graphs.PLACEMENTS)}.")
-        if isinstance(node_f, bool) or not isinstance(node_f, int) or node_f < 0:
+        f_given: Any = node_f  # the config may hand any number type (numpy ints too)
+        if isinstance(f_given, bool) or not isinstance(f_given, numbers.Integral) or int(f_given) < 0:
             raise ConfigError(f"protocol.node_f must be a non-negative integer; got {node_f!r}.")
-        self.node_f = int(node_f)
+        self.node_f: int = int(f_given)
+        seed_given: Any = graph_seed
+        if isinstance(seed_given, bool) or not isinstance(seed_given, numbers.Integral):
+            raise ConfigError(f"protocol.graph_seed must be an integer; got {graph_seed!r}.")
+        strict_given: Any = strict
+        if not isinstance(strict_given, bool):
+            raise ConfigError(f"protocol.strict must be true or false; got {strict!r}.")
         self.rule_name = str(node_rule)
         self.rule = build_node_rule(self.rule_name, clip_radius=clip_radius)
         self.graph_args = {"edge_probability": edge_probability, "torus_rows": torus_rows, "edges": edges,
@@ -141,14 +149,15 @@ class Gossip(Protocol):
         return g, node_of, rep
 
     def check(self, *, n: int, rule: Any) -> None:
-        """The graph and the node rule's per-node requirement with everyone honest (the Byzantine
-        placement is checked again at :meth:`bind`, where the Byzantine ranks are known).
+        """The graph fits ``n`` nodes (the per-node exposure needs the Byzantine ranks: the apps
+        check it before launch with :meth:`layout`, and :meth:`bind` checks it again).
 
         Raises:
-            ConfigError: a topology that does not fit ``n``, or an unknown name.
-            AssumptionError: the rule's requirement fails at some node's degree (strict).
+            ConfigError: a topology that does not fit ``n``, or a bad topology parameter.
         """
-        self.layout(n, ())
+        from ..decentralised import graph as graphs
+
+        graphs.build(self.topology, int(n), **self.graph_args)
 
     def bind(self, trainer: Trainer) -> None:
         """Build the graph and place the Byzantine workers; every node starts from the trainer's model."""

@@ -190,7 +190,8 @@ def step_record(out: StepOutput, trainer: Trainer) -> dict[str, Any]:
         rec.update(out.plan.info)
     if out.bias is not None:
         rec.update(out.bias)
-    if out.node_metrics is not None:  # a mixing protocol: no server aggregate, its own numbers
+    if out.node_metrics is not None:  # a mixing protocol: no server aggregate (no agg/*), its own numbers
+        rec.pop("agg/dropped", None)
         rec.update(out.node_metrics)
         return rec
     metrics = _step_metrics() if trainer.metrics else None  # trainer.metrics=false: no agg/* metrics

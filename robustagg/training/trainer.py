@@ -309,6 +309,10 @@ class Trainer:
         if batched_gradients:
             check_batchable(model, protocol=protocol, precision=self.precision)
             self.batched = BatchedGradients(model, loss_fn=loss_fn, batch_loss=batch_loss)
+        if byzantine is not None and byzantine.gossip_fn is not None and not protocol.mixes:
+            raise ConfigError(f"the Byzantine behaviour {byzantine.name!r} is a gossip attack (each neighbour gets its "
+                              f"own message) but protocol {protocol.name!r} has a server aggregate: use "
+                              "robustagg.protocols.Gossip, or a gradient_fn for a server attack.")
         protocol.bind(self)
         #: ``(rank, signal number)`` of the first rank whose header of the last step carried a stop
         #: request (``None``: none did); the same on every rank, so all stop after the same step.
