@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -147,7 +146,7 @@ def collect(name: str, sweep: str | Path, *, results: Path = RESULTS) -> Path:
     """
     from robustagg.errors import ConfigError
 
-    from .report import write_csv
+    from .report import replace_folder, write_csv
     from .report_figures import save_figure
     from .report_load import find_runs
 
@@ -182,11 +181,7 @@ def collect(name: str, sweep: str | Path, *, results: Path = RESULTS) -> Path:
             if fig is not None:
                 save_figure(fig, staged / f"curves_{attack}.png")
         (staged / "cost.json").write_text(json.dumps(cost, indent=1, sort_keys=True) + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(staged, dest)
-    return dest
+        return replace_folder(staged, dest)
 
 
 def _cells(folder: Path) -> tuple[pd.DataFrame, list[str], list[str], list[str]]:

@@ -73,6 +73,17 @@ def write_csv(path: Path, df: pd.DataFrame) -> Path:
     return write_atomic(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
+def replace_folder(staged: Path, dest: Path) -> Path:
+    """Put the folder ``staged`` (complete, written elsewhere) in place of ``dest`` as a whole."""
+    import shutil
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(staged, dest)
+    return dest
+
+
 def _pp(v: float) -> str:
     return "—" if not math.isfinite(v) else f"{round(100.0 * v, 1) + 0.0:+.1f}"
 

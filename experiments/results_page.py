@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -76,7 +75,7 @@ def collect(name: str, sweep: str | Path, *, results: Path = RESULTS) -> Path:
     """
     import tempfile
 
-    from .report import RESULT_COLUMNS, write_csv
+    from .report import RESULT_COLUMNS, replace_folder, write_csv
     from .report_figures import accuracy_heatmap, learning_curves, save_figure, tradeoff_scatter
     from .report_load import CURVE_COLUMNS, load_sweep
     from .report_tables import RULE_ORDER, add_derived, slug, tradeoff
@@ -133,11 +132,7 @@ def collect(name: str, sweep: str | Path, *, results: Path = RESULTS) -> Path:
             if fig is not None:
                 save_figure(fig, staged / f"learning_acc_{slug(setting)}.png")
         (staged / "cost.json").write_text(json.dumps(cost, indent=1, sort_keys=True) + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(staged, dest)
-    return dest
+        return replace_folder(staged, dest)
 
 
 def _pm(mean: float, std: float) -> str:
