@@ -184,9 +184,17 @@ def collect(name: str, sweep: str | Path, *, results: Path = RESULTS) -> Path:
         return replace_folder(staged, dest)
 
 
+def _rule_order(rule: str) -> tuple[int, str]:
+    from robustagg.decentralised.rules import NODE_RULES
+
+    return (NODE_RULES.index(rule), "") if rule in NODE_RULES else (len(NODE_RULES), rule)
+
+
 def _cells(folder: Path) -> tuple[pd.DataFrame, list[str], list[str], list[str]]:
+    """The runs, and the node rules (in :data:`~robustagg.decentralised.rules.NODE_RULES` order,
+    ``server:<rule>`` after), topologies and attacks (in the order the runs first name them)."""
     t = pd.read_csv(folder / "results.csv", keep_default_na=False, na_values=[""])
-    return t, list(dict.fromkeys(t["node_rule"])), list(dict.fromkeys(t["topology"])), \
+    return t, sorted(dict.fromkeys(t["node_rule"]), key=_rule_order), list(dict.fromkeys(t["topology"])), \
         list(dict.fromkeys(t["attack"]))
 
 

@@ -362,15 +362,16 @@ def _verdict(page: str, title: str) -> str:
     return " ".join(page.split(f"**Verdict ({title}).**", 1)[1].split("\n\n", 1)[0].split())
 
 
-def test_the_digits_training_verdict_quotes_the_committed_runs():
+@pytest.mark.parametrize("folder,title,floors", [("decentralised_digits", "digits", ("93.8", "95.8")),
+                                                  ("decentralised_fmnist", "Fashion-MNIST", ("75.6", "77.2"))])
+def test_the_training_verdicts_quote_the_committed_runs(folder, title, floors):
     from pathlib import Path
 
     import pandas as pd
 
     root = Path(__file__).resolve().parents[1]
-    t = pd.read_csv(root / "docs" / "results" / "decentralised_digits" / "results.csv", keep_default_na=False,
-                    na_values=[""])
-    verdict = _verdict((root / "docs" / "decentralised.md").read_text(encoding="utf-8"), "digits")
+    t = pd.read_csv(root / "docs" / "results" / folder / "results.csv", keep_default_na=False, na_values=[""])
+    verdict = _verdict((root / "docs" / "decentralised.md").read_text(encoding="utf-8"), title)
 
     def cell(topo, rule, attack, col):
         row = t[(t["topology"] == topo) & (t["node_rule"] == rule) & (t["attack"] == attack)]
@@ -391,7 +392,7 @@ def test_the_digits_training_verdict_quotes_the_committed_runs():
         assert f"{100 * cell('ring', rule, 'none', 'worst_node_acc'):.1f} %" in verdict
         assert f"{cell('ring', rule, 'none', 'consensus_distance'):.1e}" in verdict
     assert f"{cell('ring', 'gossip', 'none', 'consensus_distance'):.1e}" in verdict
-    for topo, floor in (("torus", "93.8"), ("exponential", "95.8")):
+    for topo, floor in zip(("torus", "exponential"), floors):
         calm = t[(t["topology"] == topo) & (t["attack"] == "none") & (t["status"] == "ok")]
         assert f"{100 * calm['worst_node_acc'].min():.1f}" == floor and f"{floor} %" in verdict
 
