@@ -40,7 +40,7 @@ from typing import Any, Callable, ClassVar, Optional, Sequence
 import numpy as np
 import torch
 
-from .._tensor import flatten
+from .._tensor import flatten, unflatten_like
 from ..errors import ConfigError
 from .base import Protocol, RoundPlan, Trainer
 
@@ -212,10 +212,8 @@ class Gossip(Protocol):
         if state is not None:
             opt.load_state_dict(copy.deepcopy(state))
         g, loss = trainer.worker_gradient(rank, plan.step)
-        with torch.no_grad():
-            for p, chunk in zip(trainer.params, torch.split(g.to(trainer.params[0].dtype),
-                                                            [p.numel() for p in trainer.params])):
-                p.grad = chunk.view_as(p).clone()
+        for p, grad in zip(trainer.params, unflatten_like(g.to(trainer.params[0].dtype), trainer.params)):
+            p.grad = grad.clone()
         opt.step()
         self._opt_state[rank] = opt.state_dict()
         for p in trainer.params:
