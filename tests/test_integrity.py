@@ -6,18 +6,42 @@ import hashlib
 
 import pytest
 import torch
+import xxhash
 
 from robustagg.errors import ShapeError
-from robustagg.integrity import checksum, inspect, inspect_rows
+from robustagg.integrity import checksum, digest, inspect, inspect_rows
 
 
-def test_checksum_is_blake2b_of_the_bytes_as_signed_int64():
+def _xxh3_signed(raw: bytes) -> int:
+    return int.from_bytes(xxhash.xxh3_64_digest(raw), "big", signed=True)  # the digest's bytes are big-endian
+
+
+def test_checksum_is_xxh3_64_and_digest_is_blake2b_64_of_the_bytes_as_signed_int64():
     t = torch.tensor([1.0, 2.0], dtype=torch.float32)
     # float32 1.0 = 0x3F800000, 2.0 = 0x40000000, little-endian bytes in C order.
     raw = bytes([0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x00, 0x40])
-    want = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
-    assert checksum(t) == want
-    assert -(2**63) <= checksum(t) < 2**63
+    assert checksum(t) == _xxh3_signed(raw)
+    assert digest(t) == int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
+    for v in (checksum(t), digest(t)):
+        assert -(2**63) <= v < 2**63
+    # the two's-complement reading covers both halves of the unsigned range
+    signs = {checksum(torch.tensor([float(i)])) < 0 for i in range(64)}
+    assert signs == {True, False}
+
+
+def test_the_vote_paths_hash_with_the_collision_resistant_digest():
+    """Where a digest alone decides which bytes are accepted (the replicated return), the claims and the
+    check on arrival use BLAKE2b-64; the majority of copies records the same digests."""
+    import inspect as pyinspect
+
+    from robustagg.distributed import sharded_reduction, vote
+    src = pyinspect.getsource(sharded_reduction.ShardedReduction._digest_table)
+    assert "digest(ob)" in src and "checksum(" not in src
+    assert "if digest(piece) != majority[s]" in pyinspect.getsource(sharded_reduction)
+    good, bad = torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5])
+    _, liars, digests = vote.majority_copy([vote.Copy(0, good), vote.Copy(1, bad), vote.Copy(2, good.clone())],
+                                           step=0, what="slice 0")
+    assert liars == [1] and digests == {0: digest(good), 1: digest(bad), 2: digest(good)}
 
 
 def test_checksum_sees_every_bit_and_the_dtype_bytes():
@@ -38,15 +62,18 @@ def test_checksum_is_the_hash_of_the_c_order_bytes_on_every_path(dtype):
     (bfloat16, strided views) hash the same bytes: those of the elements in row-major order."""
     base = (torch.randn(6, 5, generator=torch.Generator().manual_seed(1)) * 50).to(dtype)
 
-    def ref(t):
-        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
+    def raw(t):
+        return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+    def ref_digest(t):
+        return int.from_bytes(hashlib.blake2b(raw(t), digest_size=8).digest(), "little", signed=True)
 
     for t in (base, base[2], base[:, 1], base.T, base[1:3], base[:0]):  # rows at an offset, strided, empty
-        assert checksum(t) == ref(t)
+        assert checksum(t) == _xxh3_signed(raw(t))
+        assert digest(t) == ref_digest(t)
     if dtype.is_floating_point:
         leaf = base.clone().requires_grad_(True)
-        assert checksum(leaf) == ref(base)
+        assert checksum(leaf) == _xxh3_signed(raw(base)) and digest(leaf) == ref_digest(base)
 
 
 def test_inspect_reports_every_problem_and_never_mutates():

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..aggregators.base import Aggregator
 from ..errors import ConfigError, IntegrityError, NonFiniteInputError
-from ..integrity import checksum, inspect_rows
+from ..integrity import checksum, digest, inspect_rows
 from .comm import CollectiveError, Communicator, ProcessGroupComm
 from .gather import GatherReduction
 from .header import Header, dtype_of, step_name
@@ -249,10 +249,10 @@ class ShardedReduction(GatherReduction):
         if cc is not None:
             cc.center = aggregate.clone()
         self.check.remember(aggregate)
-        digest = checksum(aggregate)
-        self.last_digest = digest
+        agg_sum = checksum(aggregate)
+        self.last_digest = agg_sum
         out = ShardedReduced(aggregate=aggregate, step=step, seq=self.comm.seq, headers=headers, matrix=None,
-                             kept=kept, dropped=bad, reports=[], digest=digest, weights=shares)
+                             kept=kept, dropped=bad, reports=[], digest=agg_sum, weights=shares)
         out.moments = moments
         return out
 
@@ -441,7 +441,7 @@ class ShardedReduction(GatherReduction):
                 a, b = bounds[s]
                 piece = got[at:at + sizes[s]]
                 at += sizes[s]
-                if checksum(piece) != majority[s]:  # the sender claimed the majority's digest, sent other bytes
+                if digest(piece) != majority[s]:  # the sender claimed the majority's digest, sent other bytes
                     wrong[s], accused[q] = 1.0, 1.0
                     continue
                 aggregate[a:b] = piece
@@ -464,11 +464,12 @@ class ShardedReduction(GatherReduction):
         return self._finish(aggregate, step, headers, kept, bad, shares, moments, cc)
 
     def _digest_table(self, out_blocks: list[torch.Tensor], held: list[list[int]], step: int) -> list[dict[int, int]]:
-        """Every holder's :func:`~robustagg.integrity.checksum` of each of its aggregated slices,
+        """Every holder's :func:`~robustagg.integrity.digest` (BLAKE2b-64: a copy is later accepted by
+        this digest alone, so it must resist a forged collision) of each of its aggregated slices,
         all-gathered: ``claims[s] = {holder rank: digest}`` (one small ``world x r_a`` ``int64`` exchange)."""
         comm = self.comm
         assert isinstance(comm, ProcessGroupComm)
-        mine = torch.tensor([checksum(ob) for ob in out_blocks], dtype=torch.int64, device=comm.device)
+        mine = torch.tensor([digest(ob) for ob in out_blocks], dtype=torch.int64, device=comm.device)
         table = [torch.empty_like(mine) for _ in range(comm.world_size)]
         self._collective("all_gather", mine, lambda: dist.all_gather(table, mine, group=comm.group))
         claims: list[dict[int, int]] = [{} for _ in range(comm.world_size)]

@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 import torch
 
 from ..errors import ConfigError, DesyncError, LyingAggregatorError
-from ..integrity import checksum
+from ..integrity import checksum, digest
 
 __all__ = ["MISMATCH_POLICIES", "LIAR_POLICIES", "slice_holders", "held_slices", "Copy", "majority_copy",
            "aggregator_requirement", "LyingAggregatorError", "AggregatorCheck", "sent_bytes", "Lockstep",
@@ -101,9 +101,10 @@ class Copy:
 def majority_copy(copies: Sequence[Copy], *, step: int, what: str) -> tuple[torch.Tensor, list[int], dict[int, int]]:
     """The bit-exact strict-majority value among ``copies``, and the ranks outside it.
 
-    Copies are grouped by their bytes (:func:`~robustagg.integrity.checksum`, confirmed with
-    :func:`torch.equal`, so a digest collision cannot merge two different copies); the largest
-    group wins if it holds more than half of the copies.
+    Copies are grouped by their bytes (:func:`~robustagg.integrity.digest`, the same BLAKE2b-64
+    digest the replicated return's claims carry, confirmed with :func:`torch.equal`, so a digest
+    collision cannot merge two different copies); the largest group wins if it holds more than half
+    of the copies.
 
     Args:
         copies: one :class:`Copy` per replica (>= 1), the same shape and dtype.
@@ -129,7 +130,7 @@ def majority_copy(copies: Sequence[Copy], *, step: int, what: str) -> tuple[torc
     groups: list[tuple[int, list[Copy]]] = []
     digests: dict[int, int] = {}
     for c in copies:
-        h = checksum(c.values)
+        h = digest(c.values)
         digests[int(c.rank)] = h
         for dh, members in groups:
             if dh == h and torch.equal(members[0].values, c.values):

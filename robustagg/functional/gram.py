@@ -123,7 +123,8 @@ def gram(x: torch.Tensor, center: torch.Tensor | None = None, extra: torch.Tenso
 
 
 def warm_up() -> None:
-    """Compile, or load from Numba's on-disk cache, the CPU Gram kernel for the usual layouts.
+    """Compile, or load from Numba's on-disk cache, the CPU Gram kernel for the usual layouts (and the
+    credit kernel of the coordinate-wise rules' shares, :mod:`~robustagg.functional._credit_kernel`).
 
     The first Gram call of a process otherwise pays for it: about 0.5 s to import Numba and load
     the cached machine code, or 2 to 3 s per signature (float32/float64, contiguous/strided rows)
@@ -133,11 +134,14 @@ def warm_up() -> None:
     that the cost lands neither in a timed step (where it would look like a straggler) nor inside
     a collective's timeout.
     """
+    from .weights import order_statistic_weights
+
     for dtype in (torch.float32, torch.float64):
         x = torch.zeros(4, 16, dtype=dtype)
         gram(x)
         gram(x[:, ::2])
         gram(x, x[0], x[:1])
+        order_statistic_weights(x, [1, 2], 0.5)  # the compiled credit kernel of the coordinate rules' shares
 
 
 #: Pre-aggregation maps that compute no Gram matrix (a permutation and means; norms).

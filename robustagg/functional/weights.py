@@ -98,16 +98,30 @@ def order_statistic_weights(x: torch.Tensor, positions: list[int], per_position:
     for chunk in order_statistics(x, exact=ends):
         for p, values in stats.items():
             values[chunk.cols] = torch.as_tensor(chunk.s[p])
-    as_numpy = Backend(x).numpy
-    view = (lambda t: t.detach().numpy()) if as_numpy else (lambda t: t)
+    if Backend(x).numpy and x.dtype in (torch.float32, torch.float64):
+        return _credit_compiled(x, runs, stats, per_position) / d
     step = max(1, _CHUNK_ELEMENTS // n)
     for s in range(0, d, step):
-        block = view(x[:, s:s + step])
+        block = x[:, s:s + step]
         for p0, p1 in runs:
-            got = _credit_one_range(block, view(stats[p0][s:s + step]), view(stats[p1 - 1][s:s + step]),
-                                    p0, p1, per_position)
-            counts += torch.from_numpy(got) if as_numpy else got
+            counts += _credit_one_range(block, stats[p0][s:s + step], stats[p1 - 1][s:s + step], p0, p1, per_position)
     return counts / d
+
+
+def _credit_compiled(x: torch.Tensor, runs: list[tuple[int, int]], stats: dict[int, torch.Tensor],
+                     per_position: float) -> torch.Tensor:
+    """The CPU path of :func:`order_statistic_weights`: the compiled two-pass kernel
+    (:mod:`~robustagg.functional._credit_kernel`) over the whole matrix, once per range: ``(n,)``
+    float64 credit summed over the columns (not yet divided by ``d``)."""
+    from ._credit_kernel import credit_range  # compiled on first use (Numba)
+
+    xn = np.ascontiguousarray(x.detach().numpy())
+    whole = np.zeros(x.shape[0], dtype=np.int64)
+    shared = np.zeros(x.shape[0], dtype=np.float64)
+    for p0, p1 in runs:
+        credit_range(xn, np.ascontiguousarray(stats[p0].numpy()), np.ascontiguousarray(stats[p1 - 1].numpy()),
+                     p0, p1, whole, shared)
+    return torch.from_numpy(per_position * (whole.astype(np.float64) + shared))
 
 
 def _f64(a: Any) -> Any:
@@ -118,7 +132,7 @@ def _f64(a: Any) -> Any:
 def _credit_one_range(block: Any, lo_v: Any, hi_v: Any, p0: int, p1: int, per_position: float) -> Any:
     """``(n,)`` float64 per-row credit summed over the columns of ``block`` ``(n, c)`` for the sorted
     positions ``[p0, p1)``, whose first and last values per column are ``lo_v`` and ``hi_v`` ``(c,)``
-    (NumPy arrays on CPU, whose comparisons are several times faster than torch's; tensors elsewhere).
+    (tensors: the path of CUDA and other devices, and of dtypes the compiled CPU kernel does not take).
 
     A column whose run of values equal to ``lo`` starts at ``p0`` and whose run equal to ``hi`` ends
     at ``p1 - 1`` credits every value in ``[lo, hi]`` in full: one inclusive comparison. The run

@@ -296,8 +296,9 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
     attempt = attempt or Attempt(resume=s.resume)
     explicit = s.resume if s.resume not in ("auto", "never") else ""
     out = Path(job.run_dir)
-    # skipped only for a Gram-free rule without sharded metrics; a Gram-using attack: each worker warms up
-    if job.rule is None or needs_warm_up(job.rule) or (s.metrics and s.reduction != "gather"):
+    # skipped only for a Gram-free rule without metrics (their shares use a compiled kernel too); a
+    # Gram-using attack: each worker warms up
+    if job.rule is None or needs_warm_up(job.rule) or s.metrics:
         warm_up()  # compile once here (forked workers inherit it, spawned ones load Numba's cache)
     members = _membership_store(job, addr, attempt)  # on_failure=shrink: epochs in a store, fenced commits
     while True:

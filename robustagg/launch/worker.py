@@ -100,8 +100,8 @@ def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: A
     if isinstance(reduction, ShardedReduction):
         reduction.metrics = bool(s.metrics)  # its moments and shares cost collectives on every rank
         sharded_metrics = reduction.metrics and comm.num_processes > 1  # its metrics take a robust Gram
-    if sharded_metrics or needs_warm_up(rule, parts.byzantine):
-        warm_up()  # the Gram kernel's first-call cost must not land in a timed step or a collective
+    if sharded_metrics or needs_warm_up(rule, parts.byzantine) or bool(s.metrics):
+        warm_up()  # the compiled kernels' first-call cost (Gram; the metrics' shares) must not land in a timed step
     ids = {r: job.identities[r] for r in comm.local_ranks}
     injector = None
     if job.faults:
