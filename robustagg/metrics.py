@@ -46,6 +46,29 @@ def _kappa(agg: torch.Tensor, h64: torch.Tensor, mu: torch.Tensor) -> float:
     return err / var if var > 0 else math.inf
 
 
+def _compiled(x: torch.Tensor, aggregate: torch.Tensor) -> bool:
+    """Whether :func:`step_metrics` takes the compiled CPU kernel (float32/float64 CPU tensors, d > 0)."""
+    return (x.device.type == "cpu" and aggregate.device.type == "cpu" and x.shape[1] > 0
+            and x.dtype in (torch.float32, torch.float64) and aggregate.dtype in (torch.float32, torch.float64))
+
+
+def _moments_compiled(x: torch.Tensor, mask: torch.Tensor, aggregate: torch.Tensor) -> tuple[float, ...]:
+    """``(kappa_hat, ||mu_H||, ||F||, ||F - mu_H||, <F, mu_H>)`` from one pass of the compiled kernel
+    (:mod:`~robustagg.functional._moments_kernel`): the float64 values :func:`step_metrics` computes
+    with torch elsewhere, to float64 rounding."""
+    import numpy as np
+
+    from .functional._moments_kernel import moments  # compiled on first use (Numba)
+
+    honest = mask.nonzero().flatten().numpy().astype(np.int64)
+    row_dev = np.empty(honest.shape[0], dtype=np.float64)
+    err, m2, f2, fm = (float(v) for v in moments(np.ascontiguousarray(x.detach().numpy()), honest,
+                              np.ascontiguousarray(aggregate.detach().numpy()), row_dev))
+    var = float(row_dev.mean())
+    kappa = 0.0 if err == 0.0 else (err / var if var > 0 else math.inf)
+    return kappa, math.sqrt(m2), math.sqrt(f2), math.sqrt(err), fm
+
+
 def step_metrics(aggregate: torch.Tensor, x: torch.Tensor, honest_mask: torch.Tensor,
                  weights: Optional[torch.Tensor] = None) -> dict[str, float]:
     """Per-step metrics of an aggregate against the honest mean.
@@ -64,6 +87,10 @@ def step_metrics(aggregate: torch.Tensor, x: torch.Tensor, honest_mask: torch.Te
 
     Raises:
         ShapeError: mismatched shapes or no honest row.
+
+    Float32/float64 CPU tensors take one pass of a compiled kernel
+    (:mod:`~robustagg.functional._moments_kernel`); other devices and dtypes take torch's float64
+    reductions. The two agree to float64 rounding (tested).
     """
     x = as_matrix(x)
     mask = torch.as_tensor(honest_mask, dtype=torch.bool).cpu()
@@ -72,16 +99,19 @@ def step_metrics(aggregate: torch.Tensor, x: torch.Tensor, honest_mask: torch.Te
                          f"got shape {tuple(mask.shape)}.")
     if aggregate.shape != (x.shape[1],):
         raise ShapeError(f"aggregate must have shape ({x.shape[1]},); got {tuple(aggregate.shape)}.")
-    # the honest rows, their mean and the aggregate in float64 once (kappa_hat and the norms share them)
-    h64 = x[mask.to(x.device)].double()
-    mu = h64.mean(dim=0)
-    agg = aggregate.double()
-    mu_norm = float(mu.norm())
-    agg_norm = float(agg.norm())
-    dev = float((agg - mu).norm())
-    dot = float(agg @ mu)
+    if _compiled(x, aggregate):
+        kappa, mu_norm, agg_norm, dev, dot = _moments_compiled(x, mask, aggregate)
+    else:  # the honest rows, their mean and the aggregate in float64 once (kappa_hat and the norms share them)
+        h64 = x[mask.to(x.device)].double()
+        mu = h64.mean(dim=0)
+        agg = aggregate.double()
+        mu_norm = float(mu.norm())
+        agg_norm = float(agg.norm())
+        dev = float((agg - mu).norm())
+        dot = float(agg @ mu)
+        kappa = _kappa(agg, h64, mu)
     out = {
-        "agg/kappa_hat": _kappa(agg, h64, mu),
+        "agg/kappa_hat": kappa,
         "agg/dev_norm": dev / mu_norm if mu_norm > 0 else math.nan,
         "agg/cosine": dot / (agg_norm * mu_norm) if agg_norm > 0 and mu_norm > 0 else math.nan,
         "agg/retained": dot / mu_norm**2 if mu_norm > 0 else math.nan,

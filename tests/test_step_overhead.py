@@ -6,6 +6,7 @@ the trainer's results do not change.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import robustagg as ra
@@ -159,13 +160,16 @@ def test_received_checksums_of_the_wrong_length_are_refused():
         inspect_rows(torch.zeros(2, 3), received_checksums=[0])
 
 
-def test_step_metrics_give_each_metrics_own_float64_formula_exactly():
-    """step_metrics computes the honest mean and the float64 copies once; every value is still the bits of
-    its own formula (kappa_hat and honest_variance as public functions, the norms and products)."""
+def test_step_metrics_give_each_metrics_own_float64_formula_exactly(monkeypatch):
+    """The torch path (other devices and dtypes) computes the honest mean and the float64 copies once;
+    every value is still the bits of its own formula (kappa_hat and honest_variance as public
+    functions, the norms and products)."""
     import math
 
+    from robustagg import metrics
     from robustagg.metrics import honest_variance, kappa_hat, step_metrics
 
+    monkeypatch.setattr(metrics, "_compiled", lambda x, aggregate: False)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(7, 300, generator=g)
     mask = torch.tensor([True, False, True, True, False, True, True])
@@ -185,3 +189,40 @@ def test_step_metrics_give_each_metrics_own_float64_formula_exactly():
     assert step_metrics(mu.float(), honest, torch.ones(5, dtype=torch.bool))["agg/kappa_hat"] >= 0.0
     assert kappa_hat(honest.double().mean(dim=0), honest) == 0.0
     assert kappa_hat(torch.ones(300), torch.zeros(3, 300)) == math.inf
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("d", [1, 300, 5000])  # one block, a partial block, several blocks
+def test_compiled_step_metrics_agree_with_the_float64_formulas_to_rounding(dtype, d):
+    """The CPU path (one pass of the compiled moments kernel) gives every metric of the torch path to float64
+    rounding, keeps the exact cases exact (kappa 0 for the honest mean itself, inf for zero variance) and
+    propagates a non-finite aggregate."""
+    import math
+
+    from robustagg import metrics
+    from robustagg.metrics import step_metrics
+
+    def torch_path(*args):
+        saved = metrics._compiled
+        metrics._compiled = lambda x, aggregate: False
+        try:
+            return step_metrics(*args)
+        finally:
+            metrics._compiled = saved
+
+    g = torch.Generator().manual_seed(d)
+    x = (torch.randn(9, d, generator=g, dtype=torch.float64) * 3 + 1).to(dtype)
+    mask = torch.tensor([True, True, False, True, True, True, False, True, True])
+    for agg in (x[mask].median(dim=0).values + 0.25, x[~mask][0], x[mask][2]):
+        got, want = step_metrics(agg, x, mask), torch_path(agg, x, mask)
+        assert got.keys() == want.keys()
+        for k in got:
+            assert got[k] == pytest.approx(want[k], rel=1e-13, abs=1e-300), k
+    near = step_metrics(x[mask].double().mean(dim=0), x, mask)["agg/kappa_hat"]  # torch's mean: last bits only
+    assert 0.0 <= near < 1e-28
+    same = x[:1].expand(4, d).contiguous()
+    assert step_metrics(x[1], same, torch.ones(4, dtype=torch.bool))["agg/kappa_hat"] == math.inf
+    assert step_metrics(same[0], same, torch.ones(4, dtype=torch.bool))["agg/kappa_hat"] == 0.0
+    inf_agg = x[0].clone()
+    inf_agg[0] = math.inf
+    assert step_metrics(inf_agg, x, mask)["agg/kappa_hat"] == math.inf

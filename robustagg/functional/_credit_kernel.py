@@ -75,7 +75,7 @@ def credit_range(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, p0: int, p1: int
                 part_b[j] = (min(below_b[j] + run, p1) - max(below_b[j], p0)) / run
         for i in range(n):
             row = x[i, s:s + w]
-            full = 0
+            full = np.int32(0)
             frac = 0.0
             for j in range(w):
                 v = row[j]

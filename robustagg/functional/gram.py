@@ -134,6 +134,7 @@ def warm_up() -> None:
     that the cost lands neither in a timed step (where it would look like a straggler) nor inside
     a collective's timeout.
     """
+    from ..metrics import step_metrics
     from .weights import order_statistic_weights
 
     for dtype in (torch.float32, torch.float64):
@@ -142,6 +143,7 @@ def warm_up() -> None:
         gram(x[:, ::2])
         gram(x, x[0], x[:1])
         order_statistic_weights(x, [1, 2], 0.5)  # the compiled credit kernel of the coordinate rules' shares
+        step_metrics(x[0], x, torch.tensor([True, True, False, True]))  # and the metrics' moments kernel
 
 
 #: Pre-aggregation maps that compute no Gram matrix (a permutation and means; norms).
