@@ -71,10 +71,13 @@ PIECES = ["interpreter_s", "import_s", "compose_s", "data_s", "build_s", "warm_u
 
 def overrides(n: int, f: int, aggregator: str, attack: str, metrics: bool, mode: str = "simulated",
               extra: tuple[str, ...] = ()) -> list[str]:
-    """Hydra overrides of ``experiments.train`` for one case (no logger, no evaluation, no progress bar)."""
+    """Hydra overrides of ``experiments.train`` for one case (no logger, no evaluation, no progress bar).
+
+    The per-worker gradient loop (``trainer.batched_gradients=false``, as the committed benchmarks
+    and comparisons were made) unless ``extra`` sets the key (a later override wins)."""
     return [f"threat.n={n}", f"threat.f={f}", f"threat.byzantine={f}", f"aggregator={aggregator}",
             f"attack={attack}", f"trainer.metrics={str(bool(metrics)).lower()}", f"trainer.mode={mode}",
-            "logger=none", "trainer.eval_every=0", "trainer.progress=false", *extra]
+            "logger=none", "trainer.eval_every=0", "trainer.progress=false", "trainer.batched_gradients=false", *extra]
 
 
 def compose(ovr: list[str]) -> DictConfig:

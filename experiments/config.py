@@ -310,11 +310,16 @@ class TrainerConf:
             autocast, CPU or CUDA) or ``fp16`` (float16 autocast with a per-worker loss scaler,
             CUDA only). Submissions, aggregation and the optimizer stay float32
             (:mod:`robustagg.training.precision`).
-        batched_gradients: compute each process's workers' gradients of an update in one
-            ``torch.func.vmap`` call (``protocol=dsgd`` or ``async``, ``precision=32``, a model
-            without BatchNorm, dropout or random augmentation; refused before launch otherwise).
-            Not bit-identical to the per-worker loop in general (:mod:`robustagg.training.batched`),
-            so it is part of the run's identity.
+        batched_gradients: ``auto`` (default), ``true`` or ``false``: compute each process's
+            workers' gradients of an update in one ``torch.func.vmap`` call (``protocol=dsgd`` or
+            ``async``, ``precision=32``, a model without BatchNorm, dropout or random augmentation,
+            and a dry run on two examples that passes). ``auto`` turns it on exactly where those
+            checks pass and keeps a resumed checkpoint's value, ``true`` refuses a run that fails
+            them, ``false`` is the per-worker loop; decided before launch
+            (:func:`robustagg.training.batched.resolve_batched`). Not bit-identical to the loop in
+            general (the digits MLP was; convolutional models differ by a few float32 ulps per
+            step: :mod:`robustagg.training.batched`), so the resolved ``true``/``false`` is part
+            of the run's identity.
         rejoin: with ``on_failure=shrink``: a replacement for every lost worker id joins the
             running group at a step boundary with the state of a live peer (the app's launcher).
         peer_copy: with ``rejoin``: survivors keep the lost workers' last committed own state in
@@ -368,7 +373,7 @@ class TrainerConf:
     processes: int = 0
     measure_bias: bool = False
     precision: str = "32"
-    batched_gradients: bool = False
+    batched_gradients: Any = "auto"  # auto | true | false (experiments.wiring checks the value)
     rejoin: bool = False
     peer_copy: bool = False
     membership: List[Any] = field(default_factory=list)

@@ -140,6 +140,8 @@ def train(cfg: Any, out_dir: Optional[str | os.PathLike[str]] = None, *, quiet: 
         log.warning("assumption: %s", v)
     for note in plan.notes:
         log.warning("%s", note)  # the derived requirement of the protocol (e.g. replica groups)
+    if plan.batched_gradients:
+        log.info("batched gradients: %s", plan.batched_gradients)  # trainer.batched_gradients, resolved
     t0 = time.perf_counter()
     text = OmegaConf.to_yaml(OmegaConf.create(plan.cfg))
 

@@ -43,6 +43,7 @@ from robustagg.data import DataBundle
 from robustagg.launch import Job, RunSettings, WorkerContext, WorkerParts
 from robustagg.preaggregation.base import PreAggregator
 from robustagg.training import AttackAdapter, ByzantineBehaviour, Fault, evaluate
+from robustagg.training.batched import parse_batched
 
 from .config import FaultConf, Mode, OptimizerLimits, TrainConfig, logged_config, partition_label
 from .data import augment_enabled, build_data
@@ -265,6 +266,11 @@ class Plan:
         fingerprint: the experiment's identity (every key that changes the trajectory; see
             :mod:`robustagg.launch.identity`), compared with a checkpoint's before a resume.
         code_revision: the git commit of the code (or the package version).
+        notes: launch notes (logged as warnings).
+        batched_gradients: how ``trainer.batched_gradients`` was resolved, e.g. ``"on (auto: dsgd,
+            MLP without BatchNorm/dropout)"`` (:meth:`BatchedDecision.describe
+            <robustagg.training.batched.BatchedDecision.describe>`); :attr:`cfg` holds the resolved
+            ``true``/``false``. Logged at launch and recorded in the summary.
     """
 
     cfg: dict[str, Any]
@@ -287,6 +293,7 @@ class Plan:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     code_revision: str = ""
     notes: list[str] = field(default_factory=list)
+    batched_gradients: str = ""
 
     def config(self) -> DictConfig:
         """:attr:`cfg` as a DictConfig."""
@@ -330,7 +337,7 @@ class Plan:
             resume_changes=str(tr.resume_changes), max_restarts=int(tr.max_restarts), on_failure=str(tr.on_failure),
             shrink_shards=str(tr.shrink_shards), straggler_factor=float(tr.straggler_factor),
             processes=int(tr.processes), measure_bias=bool(tr.measure_bias), precision=str(tr.precision),
-            batched_gradients=bool(tr.batched_gradients), rejoin=bool(tr.rejoin), peer_copy=bool(tr.peer_copy),
+            batched_gradients=parse_batched(tr.batched_gradients), rejoin=bool(tr.rejoin), peer_copy=bool(tr.peer_copy),
             membership=OmegaConf.to_container(tr.membership, resolve=True) if tr.membership else [],
             aggregator_replicas=int(tr.aggregator_replicas), lying_aggregators=int(tr.lying_aggregators),
             on_aggregate_mismatch=str(tr.on_aggregate_mismatch), on_lying_aggregator=str(tr.on_lying_aggregator),
@@ -338,6 +345,8 @@ class Plan:
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}
+        if self.batched_gradients:
+            meta["batched_gradients_reason"] = self.batched_gradients
         return Job(build=ExperimentBuild(cfg=self.cfg, data=self.data, attack_kind=self.attack_kind,
                                          attack_name=self.attack_name),
                    n=self.n, run_dir=self.out_dir, settings=settings, f=self.f, rule=_server_rule(cfg),
@@ -847,6 +856,7 @@ def _trainer_checks(cfg: DictConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    parse_batched(tr.batched_gradients)  # auto | true | false, named in the message
     _callback_checks(tr.callbacks)
     _rendezvous_checks(cfg)
 
@@ -864,18 +874,28 @@ def _state_sharding_checks(cfg: DictConfig) -> list[tuple[bool, str]]:
              f"and state ({', '.join(ELEMENTWISE)} of torch.optim); got optimizer._target_={target}.")]
 
 
-def _batched_check(cfg: DictConfig, model: torch.nn.Module, data: DataBundle) -> None:
-    """``trainer.batched_gradients=true``: the model, protocol and precision can be batched, by a dry
-    run of the batched gradient on two examples (:func:`robustagg.training.batched.check_batchable`).
+def _batched_decision(cfg: DictConfig, model: torch.nn.Module, data: DataBundle, ckpt_dir: str) -> Any:
+    """``trainer.batched_gradients`` resolved before launch by the library's
+    :func:`robustagg.training.batched.resolve_batched`: the model, protocol and precision, and a
+    dry run of the batched gradient on two training examples; with ``auto``, the value recorded by
+    the checkpoint the run would resume (:func:`robustagg.launch.identity.recorded_value`; an old
+    checkpoint without the key: ``false``).
+
+    Returns:
+        the :class:`~robustagg.training.batched.BatchedDecision` (``on``: ``True``/``False``).
 
     Raises:
-        ConfigError: naming ``trainer.batched_gradients``, every reason and the fix.
+        ConfigError: ``true`` with a run that cannot be batched, naming ``trainer.batched_gradients``,
+            every reason and the fix; a value other than auto, true, false.
     """
+    from robustagg.launch.identity import recorded_value
     from robustagg.protocols import DSGD
-    from robustagg.training.batched import check_batchable
+    from robustagg.training.batched import KEY, resolve_batched
 
-    check_batchable(model, protocol=build_protocol(cfg) or DSGD(), precision=cfg.trainer.precision,
-                    example=(data.train_x[:2], data.train_y[:2]))
+    setting = parse_batched(cfg.trainer.batched_gradients)
+    recorded = recorded_value(ckpt_dir, KEY, resume=str(cfg.trainer.resume)) if setting == "auto" else None
+    return resolve_batched(setting, model, protocol=build_protocol(cfg) or DSGD(), precision=cfg.trainer.precision,
+                           example=(data.train_x[:2], data.train_y[:2]), recorded=recorded)
 
 
 def _root_data_check(rule: Aggregator, root_samples: int) -> None:
@@ -1089,8 +1109,6 @@ def validate(cfg: Any, *, out_dir: str = ".", follows: Optional[list[str]] = Non
                           "floating buffers (BatchNorm running statistics), which are not per node yet: use a model "
                           "without them (model=mlp, lenet5).")
     advice = setting_notes(cfg, data, [*model.modules(), scheduler], attack_given=attack is not None, byzantine=b)
-    if bool(cfg.trainer.batched_gradients):
-        _batched_check(cfg, model, data)
     for cb in cfg.trainer.callbacks:
         if not isinstance(cb, Mapping) or not cb.get("_target_"):
             raise ConfigError(f"trainer.callbacks entries need a _target_; got {cb!r}.")
@@ -1106,8 +1124,11 @@ def validate(cfg: Any, *, out_dir: str = ".", follows: Optional[list[str]] = Non
 
     plan.faults = check_faults(cfg, n, under_torchrun=env is not None)
     plan.ckpt_dir = checkpoint_dir(cfg, str(out_dir))
+    batched = _batched_decision(cfg, model, data, plan.ckpt_dir)
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     assert isinstance(container, dict)
+    container["trainer"]["batched_gradients"] = batched.on  # the resolved value, never auto: identity, files, Job
+    plan.batched_gradients = batched.describe()
     plan.cfg = {str(k): v for k, v in container.items()}
     plan.violations = list(violations) + notes
     plan.assumption_violated = (not mixes and bool(_hard_violations(rule, rows))) or b > f or any(

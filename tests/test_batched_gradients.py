@@ -5,11 +5,16 @@ measured tolerance, docs/performance.md), on the same batches, drawn in the same
 same RNG streams afterwards (a data poison that draws from the global stream sees the same numbers);
 uneven batches are grouped; a model, protocol or precision that cannot be batched is refused with
 the key and the fix, before launch in the app; simulated and processes mode agree with the flag on;
-an old checkpoint (no such key) resumes as ``false``.
+an old checkpoint (no such key) resumes as ``false``. ``auto`` (the default) is decided before
+launch by the library's ``resolve_batched`` wherever a run is built (the app, a hand-built Job, a
+Trainer): on exactly when every check of ``true`` passes, else off with the reason; the resolved
+value, never ``auto``, is what the fingerprint, the summary and ``config_resolved.yaml`` record; a
+resume keeps a loop checkpoint's ``false``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,7 +30,10 @@ from robustagg.errors import ConfigError
 from robustagg.models import MLP, LeNet5, SmallCNN
 from robustagg.protocols import AsyncSGD, LocalRounds
 from robustagg.training import ByzantineBehaviour, IterableSource, Shard, Trainer
-from robustagg.training.batched import BatchedGradients, batchable_problems, check_batchable
+from robustagg.launch import RunSettings, launch
+from robustagg.launch.identity import recorded_value
+from robustagg.training.batched import (BatchedGradients, batchable_problems, check_batchable, parse_batched,
+                                        resolve_batched)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 KEY = "trainer.batched_gradients"
@@ -216,3 +224,132 @@ def test_simulated_and_processes_hosting_several_workers_agree_with_the_flag_on(
     for k in sim:  # vmap over 5 or over 3 and 2 rows: equal up to float32 rounding (bit for bit on the MLP here)
         torch.testing.assert_close(sim[k], proc[k], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(sim[k], loop[k], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# auto (the default): decided before launch, wherever the run is built
+
+
+FAST = ("trainer.mode=simulated", "trainer.steps=2", "trainer.eval_every=0", "trainer.param_check_every=0")
+
+
+def test_auto_is_the_default_and_batches_dsgd_with_an_mlp(tmp_path):
+    plan = validate(_cfg(), out_dir=str(tmp_path))
+    assert plan.cfg["trainer"]["batched_gradients"] is True and plan.fingerprint[KEY] is True
+    assert plan.job().settings.batched_gradients is True
+    assert plan.batched_gradients == "on (auto: dsgd, MLP without BatchNorm/dropout)"
+    assert plan.job().meta["batched_gradients_reason"] == plan.batched_gradients
+    plan = validate(_cfg(f"{KEY}=false"), out_dir=str(tmp_path))
+    assert plan.fingerprint[KEY] is False and plan.batched_gradients == f"off (set: {KEY}=false)"
+
+
+@pytest.mark.parametrize("overrides,why", [
+    (("protocol=local",), "protocol=local runs sequential local steps"),
+    (("model.dropout=0.3",), "the model has dropout at net.2 (Dropout)"),
+    (("trainer.precision=bf16",), "trainer.precision=bf16 (autocast is not batched)"),
+], ids=["local", "dropout", "bf16"])
+def test_auto_keeps_the_loop_where_batching_is_not_valid_and_says_why(tmp_path, overrides, why):
+    plan = validate(_cfg(*overrides), out_dir=str(tmp_path))
+    assert plan.cfg["trainer"]["batched_gradients"] is False and plan.fingerprint[KEY] is False
+    assert plan.job().settings.batched_gradients is False
+    assert plan.batched_gradients == f"off (auto: {why})"
+
+
+def test_auto_in_the_library_takes_the_same_checks_as_true():
+    bn = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Flatten(),
+                             torch.nn.Linear(72, 10))
+    img = (torch.randn(2, 1, 8, 8), torch.tensor([0, 1]))
+    d = resolve_batched("auto", bn, example=img)
+    assert not d.on and d.describe() == "off (auto: the model has BatchNorm at 1 (BatchNorm2d))"
+    x = (torch.randn(2, 64), torch.tensor([0, 1]))
+    d = resolve_batched("auto", _mlp(), precision="fp16", example=x)
+    assert not d.on and "trainer.precision=fp16" in d.reason
+    assert not resolve_batched("auto", _mlp(), protocol=LocalRounds(local_steps=2), example=x).on
+    assert resolve_batched("auto", _mlp(), example=x).on
+    assert not resolve_batched("auto", _mlp()).on  # no example: no dry run, so not on
+    assert not resolve_batched("auto", _mlp(), example=x, recorded=False).on  # a loop checkpoint keeps the loop
+    assert resolve_batched("auto", _mlp(), example=x, recorded=True).on
+
+    class Branchy(torch.nn.Module):  # only the dry run sees the data-dependent control flow
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.lin(x) if float(x.sum()) > 0 else -self.lin(x)
+
+    d = resolve_batched("auto", Branchy(), example=x)
+    assert not d.on and d.reason.startswith("a dry run of torch.func.vmap over the model failed")
+    # a hand-built Trainer with "auto" decides as the app does
+    t = _trainer(_mlp, "auto")
+    assert t.batched is not None and t.batched_decision.describe() == "on (auto: dsgd, MLP without BatchNorm/dropout)"
+    t = _trainer(lambda: MLP(64, [32], 10, dropout=0.3), "auto")
+    assert t.batched is None and t.batched_decision.reason == "the model has dropout at net.2 (Dropout)"
+    assert _trainer(_mlp, "auto", precision="bf16").batched is None
+    assert _trainer(_mlp, False).batched is None  # the Trainer's own default stays the loop
+
+
+def test_a_value_other_than_auto_true_false_is_refused_naming_the_key(tmp_path):
+    msg = r"trainer.batched_gradients must be one of auto, true, false; got 'maybe'"
+    with pytest.raises(ConfigError, match=msg):
+        validate(_cfg(f"{KEY}=maybe"), out_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=msg):
+        RunSettings(batched_gradients="maybe", key_names={"batched_gradients": KEY}).check()
+    with pytest.raises(ConfigError, match=msg):
+        _trainer(_mlp, "maybe")
+    assert [parse_batched(v) for v in ("auto", "TRUE", "false", True, False)] == ["auto", True, False, True, False]
+    assert RunSettings().batched_gradients == "auto"
+
+
+@pytest.mark.parametrize("overrides", [(), ("model.dropout=0.3",)], ids=["mlp", "dropout"])
+def test_a_hand_built_job_with_auto_is_decided_as_the_app_decides(tmp_path, overrides):
+    plan = validate(_cfg(*FAST, *overrides), out_dir=str(tmp_path / "run"))
+    job = plan.job()
+    job.settings.batched_gradients = "auto"  # what a Job built by hand holds by default
+    job.meta.pop("batched_gradients_reason")
+    job.fingerprint[KEY] = "auto"
+    summary = launch(job, quiet=True)
+    assert summary["batched_gradients"] is plan.cfg["trainer"]["batched_gradients"]
+    assert summary["batched_gradients_reason"] == plan.batched_gradients
+    assert job.fingerprint[KEY] is plan.fingerprint[KEY]  # the decision, never auto
+
+
+def test_the_resolved_value_is_what_the_summary_fingerprint_and_config_record(tmp_path):
+    summary = train(_cfg(*FAST, "trainer.checkpoint.every=1"), out_dir=tmp_path, quiet=True)
+    assert summary["batched_gradients"] is True
+    assert summary["batched_gradients_reason"] == "on (auto: dsgd, MLP without BatchNorm/dropout)"
+    assert json.loads((tmp_path / "summary.json").read_text())["batched_gradients"] is True
+    assert "  batched_gradients: true\n" in (tmp_path / "config_resolved.yaml").read_text()
+    manifest = json.loads((tmp_path / "checkpoints" / "step-00000002" / "manifest.json").read_text())
+    assert manifest["fingerprint"][KEY] is True
+
+
+def test_auto_resumes_a_loop_checkpoint_with_the_loop_and_an_explicit_change_is_refused(tmp_path):
+    run = (*FAST, "trainer.checkpoint.every=1")
+    first = train(_cfg(*run, f"{KEY}=false"), out_dir=tmp_path, quiet=True)
+    assert first["batched_gradients"] is False
+    assert recorded_value(tmp_path / "checkpoints", KEY) is False
+    again = train(_cfg(*run, "trainer.steps=3"), out_dir=tmp_path, quiet=True)  # auto, the default
+    assert again["resumed_from"] == 2 and again["batched_gradients"] is False
+    assert again["batched_gradients_reason"] == "off (auto: resuming a checkpoint written with the per-worker loop)"
+    with pytest.raises(ConfigError, match=r"(?s)trainer.batched_gradients.*False.*True"):
+        train(_cfg(*run, "trainer.steps=4", f"{KEY}=true"), out_dir=tmp_path, quiet=True)
+    # a hand-built Job with auto resumes it with the loop as well
+    plan = validate(_cfg(*run, "trainer.steps=4"), out_dir=str(tmp_path))
+    job = plan.job()
+    job.settings.batched_gradients, job.fingerprint[KEY] = "auto", "auto"
+    job.meta.pop("batched_gradients_reason")
+    summary = launch(job, quiet=True)
+    assert summary["resumed_from"] == 3 and summary["batched_gradients"] is False
+
+
+def test_an_old_checkpoint_without_the_key_is_recorded_as_the_loop(tmp_path):
+    step = tmp_path / "step-00000003"
+    step.mkdir()
+    (step / "manifest.json").write_text(json.dumps({"step": 3, "fingerprint": {"seed": 0}}))
+    assert recorded_value(tmp_path, KEY) is False  # identity.INTRODUCED: the per-worker loop
+    assert recorded_value(tmp_path, KEY, resume=str(step)) is False
+    assert recorded_value(tmp_path, KEY, resume="never") is None
+    assert recorded_value(tmp_path / "missing", KEY) is None
+    x = (torch.randn(2, 64), torch.tensor([0, 1]))
+    assert not resolve_batched("auto", _mlp(), example=x, recorded=recorded_value(tmp_path, KEY)).on

@@ -24,7 +24,7 @@ from ..errors import CheckpointError, ConfigError
 
 __all__ = ["EXCLUDED", "INTRODUCED", "fingerprint", "fingerprint_hash", "code_revision", "ResumeCheck", "check_resume",
            "check_resume_from", "diff_fingerprints", "OPTIMIZER_PREFIX", "FIXED_ON_RESUME", "optimizer_changes",
-           "unapplied_changes", "FRESH_START", "resume_log_level", "FOLLOWS_STEPS"]
+           "unapplied_changes", "FRESH_START", "resume_log_level", "FOLLOWS_STEPS", "recorded_value"]
 
 #: Keys (dotted prefixes) left out of the fingerprint: they do not change the trajectory. ``trainer.steps``
 #: extends or shortens a run; the rest are logging, transport, supervision and fault-injection settings,
@@ -106,6 +106,54 @@ INTRODUCED: dict[str, Any] = {
     "trainer.batched_gradients": False,                 # the per-worker gradient loop
     "trainer.membership": [],                           # no scheduled absences (issue 17's reference runs)
 }
+
+
+def recorded_value(ckpt_dir: str | Path, key: str, *, resume: str = "auto") -> Any:
+    """The value of ``key`` in the fingerprint of the checkpoint a run would resume, or ``None``.
+
+    Used before launch to settle a setting whose default depends on the run being resumed
+    (``trainer.batched_gradients=auto`` keeps the resumed checkpoint's value). Only reads
+    manifests (untrusted: a manifest that does not parse is skipped, never an exception); it does
+    not verify the checkpoint, which :func:`check_resume` does after.
+
+    Args:
+        ckpt_dir: the run's checkpoint folder (may not exist).
+        key: a fingerprint key (e.g. ``"trainer.batched_gradients"``).
+        resume: ``trainer.resume``: ``"auto"`` reads the newest committed checkpoint of
+            ``ckpt_dir`` whose manifest parses, ``"never"`` nothing, anything else is one checkpoint
+            folder.
+
+    Returns:
+        the recorded value; a checkpoint whose fingerprint lacks ``key`` gives the historical value
+        of :data:`INTRODUCED` (``None`` when ``key`` is not there either); ``None`` when nothing is
+        resumed or no manifest holds a fingerprint.
+
+    Example:
+        >>> recorded_value("/nonexistent", "trainer.batched_gradients") is None
+        True
+    """
+    if resume == "never":
+        return None
+    if resume == "auto":
+        root = Path(ckpt_dir)
+        if not root.is_dir():
+            return None
+        store = CheckpointStore(root)
+        folders = store.candidates()
+    else:
+        if not Path(resume).is_dir():
+            return None
+        store, folders = CheckpointStore(Path(resume).parent), [Path(resume)]
+    for path in folders:
+        try:
+            manifest = store.read_manifest(path)
+        except (CheckpointError, OSError):
+            continue
+        old = manifest.get("fingerprint")
+        if isinstance(old, dict):
+            return old[key] if key in old else INTRODUCED.get(key)
+        return None
+    return None
 
 
 #: The prefix of the keys ``resume_changes="allow"`` applies to the restored optimizer: a changed

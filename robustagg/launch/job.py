@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -85,9 +85,16 @@ class RunSettings:
         precision: ``"32"``, ``"bf16"`` (CPU or CUDA) or ``"fp16"`` (meant for CUDA; accepted on CPU,
             where it is slow, and refused there by the experiment app) autocast of the workers'
             forward pass and loss (:mod:`~robustagg.training.precision`).
-        batched_gradients: every process computes its hosted workers' gradients of an update in one
-            ``torch.func.vmap`` call (:mod:`~robustagg.training.batched`; the model, protocol and
-            precision are checked when the trainer is built).
+        batched_gradients: ``"auto"`` (default), ``True`` or ``False``: every process computes its
+            hosted workers' gradients of an update in one ``torch.func.vmap`` call
+            (:mod:`~robustagg.training.batched`). ``True`` refuses a model, protocol or precision
+            that cannot be batched when the trainer is built; ``"auto"`` is decided by
+            :func:`~robustagg.training.batched.resolve_batched` (the app's decision): before launch
+            the launcher keeps the resumed checkpoint's ``False`` (the loop), and every process
+            decides on its built model, protocol, precision and a dry run on two examples of its
+            first hosted shard; the decision is logged, recorded in the summary
+            (``batched_gradients``, ``batched_gradients_reason``) and, where :attr:`Job.fingerprint`
+            holds ``trainer.batched_gradients``, written there as ``True``/``False``.
         rejoin: with ``on_failure="shrink"``: after a shrink the launcher starts a replacement for
             every lost worker id, which joins the running group at a step boundary with the state
             of a live peer (:mod:`~robustagg.launch.grow`).
@@ -154,7 +161,7 @@ class RunSettings:
                                                      integer=True))
     measure_bias: bool = False
     precision: str = "32"
-    batched_gradients: bool = False
+    batched_gradients: Union[bool, str] = "auto"
     rejoin: bool = False
     peer_copy: bool = False
     aggregator_replicas: int = field(default=1, metadata=limit(1, None, "ranks that compute each slice of the aggregate",
@@ -235,9 +242,11 @@ class RunSettings:
             parse_membership(self.membership, key=self.key("membership"))
         if self.resume == "":
             raise ConfigError(f"{self.key('resume')} must be auto, never or a checkpoint folder; got an empty string.")
+        from ..training.batched import parse_batched
         from ..training.precision import parse_precision
 
         parse_precision(self.precision)  # fp16 on CPU is the app's to refuse (the library runs it, for tests)
+        parse_batched(self.batched_gradients, key=self.key("batched_gradients"))
 
 
 @dataclass

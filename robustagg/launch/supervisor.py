@@ -42,7 +42,7 @@ from ..distributed import (EnvRank, LocalComm, ProcessGroupComm, WorkerFailedErr
 from ..errors import CheckpointError, ConfigError, QuorumLostError, StorageError
 from ..functional.gram import needs_warm_up, warm_up
 from ..training import read_evidence
-from .identity import FRESH_START, check_resume, check_resume_from, resume_log_level
+from .identity import FRESH_START, check_resume, check_resume_from, recorded_value, resume_log_level
 from .job import Job, RunSettings, shrink_job
 from .lock import RunLock
 from .quorum import Membership, next_epoch
@@ -104,6 +104,7 @@ def prepare(job: Job, *, restarted: bool = False) -> tuple[Job, Attempt, str]:
     job.run_id = job.run_id or uuid.uuid4().hex[:12]
     run_dir = Path(job.run_dir)
     ckpt = Path(job.ckpt_dir)
+    _batched_from_checkpoint(job, ckpt)
     attempt = Attempt(number=0, resume=s.resume, fallback=s.resume if s.resume not in ("auto", "never") else "")
     if s.resume == "never" and not restarted and _has_checkpoints(ckpt):
         if s.ckpt_dir and not ckpt.resolve().is_relative_to(run_dir.resolve()):
@@ -131,6 +132,31 @@ def prepare(job: Job, *, restarted: bool = False) -> tuple[Job, Attempt, str]:
     if found.checkpoint is not None:
         job = committed_membership(job, ckpt / found.checkpoint)
     return job, attempt, found.message
+
+
+def _batched_from_checkpoint(job: Job, ckpt: Path) -> None:
+    """``settings.batched_gradients="auto"`` on a resume: the resumed checkpoint's recorded value
+    (:func:`~robustagg.launch.identity.recorded_value`; an old checkpoint without the key: ``False``)
+    is what ``auto`` keeps. ``False`` (the loop, always valid) is settled here, before the identity
+    check, so a run written with the loop continues with it; ``True`` is left to every process's
+    decision on the built model (:func:`~robustagg.training.batched.resolve_batched` keeps it when
+    the checks still pass). A fingerprint that holds ``"auto"`` for the key takes the recorded value.
+    A fresh run, or a value set by hand, is left alone."""
+    from ..training.batched import KEY, BatchedDecision, parse_batched
+
+    s = job.settings
+    if parse_batched(s.batched_gradients, key=s.key("batched_gradients")) != "auto":
+        return
+    recorded = recorded_value(ckpt, KEY, resume=s.resume)
+    if not isinstance(recorded, bool):
+        return
+    if not isinstance(job.fingerprint.get(KEY, False), bool):
+        job.fingerprint[KEY] = recorded
+    if recorded is False:
+        s.batched_gradients = False
+        decision = BatchedDecision(False, "auto", "resuming a checkpoint written with the per-worker loop")
+        job.meta["batched_gradients_reason"] = decision.describe()
+        log.info("%s", decision.line())
 
 
 def committed_membership(job: Job, checkpoint: Path) -> Job:

@@ -30,7 +30,7 @@ from .grow import (GrowWatch, Regroup, form_group, gather_reports, install_grow,
                    mark_done, next_group, own_state_from_disk, receive_state, send_state, share_peer_copies,
                    wait_for_epoch)
 from .identity import diff_fingerprints, optimizer_changes
-from .job import Job, WorkerContext, grow_job, shrink_job
+from .job import Job, WorkerContext, WorkerParts, grow_job, shrink_job
 from .peer import PeerMemory, absent_records, choose_own_state, committed_record
 from .quorum import Membership, fmt_members
 from .records import Attempt, detected_faults, settle_metrics, summary_from_records
@@ -116,13 +116,44 @@ def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: A
         extra["root"] = parts.root
     if parts.protocol is not None:
         extra["protocol"] = parts.protocol
+    batched = _batched_setting(job, parts, device, comm)
     trainer = Trainer(parts.model, parts.optimizer, reduction, parts.shards, batch_size=int(s.batch_size),
                       num_classes=int(parts.num_classes), seed=int(s.seed), scheduler=parts.scheduler,
                       worker_momentum=float(s.worker_momentum), byzantine=parts.byzantine, metrics=bool(s.metrics),
                       identities=ids, injector=injector, measure_bias=bool(s.measure_bias),
-                      precision=str(s.precision), batched_gradients=bool(s.batched_gradients),
+                      precision=str(s.precision), batched_gradients=batched,
                       state_sharding=str(s.state_sharding), **extra)
     return parts, trainer, injector
+
+
+def _batched_setting(job: Job, parts: WorkerParts, device: torch.device, comm: Communicator) -> bool:
+    """``settings.batched_gradients`` as ``True``/``False``: ``"auto"`` is decided here, in every process,
+    on the built parts (:func:`~robustagg.training.batched.resolve_batched`: the model, protocol,
+    precision and a dry run on two examples of the first hosted shard; every process decides the
+    same, the checks depending on the model's modules, the protocol and the precision). The decision
+    replaces ``"auto"`` in this process's job (settings, the fingerprint's
+    ``trainer.batched_gradients`` where present, ``meta["batched_gradients_reason"]``: the summary)
+    and is logged once by rank 0. A value the app or the launcher already decided is returned as is.
+
+    Raises:
+        ConfigError: ``settings.batched_gradients`` is not ``auto``, ``true`` or ``false``.
+    """
+    from ..training.batched import KEY, example_batch, parse_batched, resolve_batched
+
+    s = job.settings
+    value = parse_batched(s.batched_gradients, key=s.key("batched_gradients"))
+    if value != "auto":
+        return bool(value)
+    decision = resolve_batched("auto", parts.model, protocol=parts.protocol, precision=str(s.precision),
+                               example=example_batch(parts.shards, device), loss_fn=parts.loss_fn,
+                               batch_loss=parts.batch_loss)
+    s.batched_gradients = decision.on
+    if KEY in job.fingerprint:
+        job.fingerprint[KEY] = decision.on
+    job.meta["batched_gradients_reason"] = decision.describe()
+    if comm.is_main:
+        log.info("%s", decision.line())
+    return decision.on
 
 
 def _aggregator_cost(job: Job, trainer: Trainer, comm: Communicator) -> dict[str, Any]:
@@ -350,9 +381,13 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                         "straggler": stragglers.report() if stragglers is not None else {},
                         "aggregator_check": _aggregator_cost(job, trainer, comm),
                         "state_sharding": _state_sharding(trainer),
+                        "batched_gradients": trainer.batched is not None,
                         "checkpoint_dir": None if store is None else str(store.root)})
         if grown is not None:
             summary["grown"] = grown
+        if "batched_gradients_reason" not in summary:  # a value set by hand (the app's and auto's are in meta)
+            summary["batched_gradients_reason"] = (f"{'on' if trainer.batched is not None else 'off'} (set: "
+                                                   f"{s.key('batched_gradients')}={str(s.batched_gradients).lower()})")
         save_model(parts.model, out / "model.safetensors")
         write_json(out / "summary.json", summary)
         if wandb_sink is not None:

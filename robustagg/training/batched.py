@@ -26,8 +26,8 @@ transform; the rule's inputs are exactly the per-worker gradients of the loop.
   calls. Measured on this project's CPU build (torch 2.13, one thread; ``docs/performance.md``,
   "Batched per-worker gradients", ``experiments/batched_compare.py``): the digits MLP's float32
   gradients were bit-identical to the loop's at n = 10 and 100; the SmallCNN's and LeNet-5's
-  differed by at most a few float32 ulps of the largest coordinate (relative 4.4e-7 at most); in
-  float64 by at most 3e-16 relative. It is harmless for the experiments: it is float32 rounding
+  differed by at most a few float32 ulps of the largest coordinate (relative 4.4e-7 at most), an
+  MLP on 784 inputs (MNIST, Fashion-MNIST) by 8.9e-8 relative; in float64 by at most 3e-16 relative. It is harmless for the experiments: it is float32 rounding
   itself, about 3e6 times smaller than the range of the honest workers' gradients that the
   robust rule works on, and every rank applies the same aggregate, so ranks never disagree. Runs
   with the flag on and off are different experiments, so the flag is part of the run's identity.
@@ -36,28 +36,39 @@ transform; the rule's inputs are exactly the per-worker gradients of the loop.
   forms its own group); a batch holding anything other than tensors (in tuples, lists or dicts)
   goes through the trainer's ordinary per-worker gradient.
 
-**What it refuses** (:func:`check_batchable`, before launch in the app and in the trainer's
-constructor): BatchNorm (running statistics updated in place, and batch statistics that ``vmap``
-would have to keep apart), InstanceNorm with running statistics, dropout and other random layers
-(per-worker RNG streams), ``precision`` other than ``32`` (autocast and the per-worker fp16 loss
-scaler's retries), and protocols whose submissions are not one plain gradient per worker at the
-current parameters (``local``: sequential local steps; ``redundant``: replicas are compared bit for
-bit across processes, which may batch different numbers of workers). Data-dependent control flow
-in the model's forward makes ``vmap`` raise; the app's dry run turns that into the same refusal.
+**When it is on** (:func:`resolve_batched`, before launch: the app's ``validate``, the launcher's
+processes for a hand-built :class:`~robustagg.launch.Job`, a ``Trainer`` given ``"auto"``):
+``trainer.batched_gradients=auto`` (the default) turns it on exactly when every check below passes,
+the dry run on two examples included, else off with the reasons (logged in one line, recorded in
+the summary); on a resume it keeps the checkpoint's recorded value (an old checkpoint without the
+key: ``false``). ``true`` refuses a run that fails a check; ``false`` is the loop. The resolved
+value, never ``auto``, is what the fingerprint records.
+
+**What it refuses** (:func:`check_batchable`, for ``true``, before launch in the app and in the
+trainer's constructor; ``auto`` turns the flag off for the same reasons): BatchNorm (running
+statistics updated in place, and batch statistics that ``vmap`` would have to keep apart),
+InstanceNorm with running statistics, dropout and other random layers (per-worker RNG streams),
+``precision`` other than ``32`` (autocast and the per-worker fp16 loss scaler's retries), and
+protocols whose submissions are not one plain gradient per worker at the current parameters
+(``local``: sequential local steps; ``redundant``: replicas are compared bit for bit across
+processes, which may batch different numbers of workers; ``gossip``: one model per node).
+Data-dependent control flow in the model's forward makes ``vmap`` raise; the dry run turns that
+into the same refusal.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
 
-__all__ = ["BatchedGradients", "Prefetched", "batchable_problems", "check_batchable", "KEY"]
+__all__ = ["BatchedGradients", "BatchedDecision", "Prefetched", "batchable_problems", "check_batchable", "example_batch",
+           "parse_batched", "resolve_batched", "KEY", "VALUES"]
 
 #: The configuration key of the flag (named in every refusal).
 KEY = "trainer.batched_gradients"
@@ -95,10 +106,88 @@ def batchable_problems(model: nn.Module) -> list[str]:
     return out
 
 
+#: The values of ``trainer.batched_gradients`` (booleans are accepted for ``true`` and ``false``).
+VALUES = ("auto", "true", "false")
+
+#: Why a protocol whose ``batched`` attribute is ``None`` is not batched (short form, by name).
+_PROTOCOL_WHY = {"local": "runs sequential local steps",
+                 "redundant": "compares replicas bit for bit across processes that may batch different numbers "
+                              "of workers",
+                 "gossip": "keeps one model per node"}
+
+
+def parse_batched(value: Any, *, key: str = KEY) -> Union[bool, str]:
+    """``trainer.batched_gradients`` as ``True``, ``False`` or ``"auto"``.
+
+    Args:
+        value: a bool, or one of the strings ``auto``, ``true``, ``false`` (any case; surrounding
+            blanks ignored), as a command line or YAML file gives it.
+        key: the name to put in the error (default :data:`KEY`).
+
+    Returns:
+        ``True``, ``False`` or ``"auto"``.
+
+    Raises:
+        ConfigError: anything else, naming ``key``, the value and the three accepted values.
+
+    Example:
+        >>> parse_batched("AUTO"), parse_batched(True), parse_batched("false")
+        ('auto', True, False)
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text == "auto":
+        return "auto"
+    if text in ("true", "false"):
+        return text == "true"
+    raise ConfigError(f"{key} must be one of {', '.join(VALUES)}; got {value!r}. auto (the default) batches the "
+                      "per-worker gradients wherever that is valid (docs/performance.md, \"Batched per-worker "
+                      "gradients\"); true insists and refuses a run it cannot batch; false is the per-worker loop.")
+
+
+def _problems(model: nn.Module, protocol: Any, precision: Any, example: Any,
+              loss_fn: Optional[Callable[..., torch.Tensor]],
+              batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]]) -> list[tuple[str, str]]:
+    """Every reason the setting cannot be batched, each as ``(short, long)``: the short form for the
+    launch line of ``auto``, the long one for the refusal of ``true``; ``[]``: it can be batched."""
+    from .precision import Precision, parse_precision
+
+    problems = []
+    for p in batchable_problems(model):
+        where, why = p.split(": ", 1)
+        kind = ("BatchNorm" if "BatchNorm" in why else "dropout" if "dropout" in why else
+                "running statistics" if "running statistics" in why else "random numbers")
+        problems.append((f"the model has {kind} at {where}", f"the model's {p}"))
+    name = getattr(protocol, "name", "dsgd") if protocol is not None else "dsgd"
+    if protocol is not None and getattr(protocol, "batched", None) is None:
+        problems.append((f"protocol={name} {_PROTOCOL_WHY.get(name, 'does not submit one plain gradient per worker')}",
+                         f"protocol={name} does not submit one plain gradient per worker at the current parameters "
+                         "(local rounds take sequential local steps; redundant replicas are compared bit for bit "
+                         "across processes that may batch different numbers of workers); dsgd and async do"))
+    if parse_precision(precision) is not Precision.full:
+        value = getattr(precision, "value", precision)
+        problems.append((f"trainer.precision={value} (autocast is not batched)",
+                         f"trainer.precision={value}: autocast and the per-worker fp16 loss scaler are not batched; "
+                         "use trainer.precision=32"))
+    if not problems and example is not None:
+        model.train()
+        try:
+            BatchedGradients(model, loss_fn=loss_fn, batch_loss=batch_loss).gradients([example, example])
+        except Exception as exc:  # vmap's own errors (randomness, data-dependent control flow) are RuntimeErrors
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            problems.append((f"a dry run of torch.func.vmap over the model failed ({type(exc).__name__})",
+                             f"a dry run of torch.func.vmap over the model failed: {type(exc).__name__}: {first}"))
+    return problems
+
+
 def check_batchable(model: nn.Module, *, protocol: Any = None, precision: Any = "32",
                     example: Any = None, loss_fn: Optional[Callable[..., torch.Tensor]] = None,
                     batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None) -> None:
     """Refuse a setting whose per-worker gradients cannot be batched (call it before launch).
+
+    The checks of ``trainer.batched_gradients=true``; ``auto`` makes the same ones
+    (:func:`resolve_batched`) and turns the flag off instead of refusing.
 
     Args:
         model: the model (in train mode during training; checked by its modules).
@@ -116,29 +205,122 @@ def check_batchable(model: nn.Module, *, protocol: Any = None, precision: Any = 
         ConfigError: naming ``trainer.batched_gradients``, every reason (module paths, the protocol,
             the precision, the dry run's error) and the fix.
     """
-    from .precision import Precision, parse_precision
-
-    problems = [f"the model's {p}" for p in batchable_problems(model)]
-    name = getattr(protocol, "name", "dsgd") if protocol is not None else "dsgd"
-    if protocol is not None and getattr(protocol, "batched", None) is None:
-        problems.append(f"protocol={name} does not submit one plain gradient per worker at the current parameters "
-                        "(local rounds take sequential local steps; redundant replicas are compared bit for bit "
-                        "across processes that may batch different numbers of workers); dsgd and async do")
-    if parse_precision(precision) is not Precision.full:
-        problems.append(f"trainer.precision={getattr(precision, 'value', precision)}: autocast and the per-worker fp16 "
-                        "loss scaler are not batched; use trainer.precision=32")
-    if not problems and example is not None:
-        model.train()
-        try:
-            BatchedGradients(model, loss_fn=loss_fn, batch_loss=batch_loss).gradients([example, example])
-        except Exception as exc:  # vmap's own errors (randomness, data-dependent control flow) are RuntimeErrors
-            problems.append(f"a dry run of torch.func.vmap over the model failed: {type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else ''}")
+    problems = [long for _, long in _problems(model, protocol, precision, example, loss_fn, batch_loss)]
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise ConfigError(f"{KEY}=true cannot batch this run's per-worker gradients with torch.func.vmap:\n{lines}\n"
                           f"Fix: {_FIX}, or remove what is listed (e.g. model.dropout=0, a GroupNorm model, "
                           "protocol=dsgd).")
+
+
+@dataclass(frozen=True)
+class BatchedDecision:
+    """What ``trainer.batched_gradients`` resolved to, and why (:func:`resolve_batched`).
+
+    Attributes:
+        on: the resolved value: ``True`` batches the per-worker gradients, ``False`` is the loop.
+            This, never ``"auto"``, is what the fingerprint, ``config_resolved.yaml`` and the
+            summary record.
+        setting: what was asked: ``"auto"``, ``True`` or ``False``.
+        reason: why, in a few words (``"dsgd, MLP without BatchNorm/dropout"``, ``"protocol=local
+            runs sequential local steps"``, ...).
+    """
+
+    on: bool
+    setting: Union[bool, str]
+    reason: str
+
+    def describe(self) -> str:
+        """The value and why, e.g. ``"on (auto: dsgd, MLP without BatchNorm/dropout)"`` or
+        ``"off (set: trainer.batched_gradients=false)"``."""
+        how = "auto" if self.setting == "auto" else "set"
+        return f"{'on' if self.on else 'off'} ({how}: {self.reason})"
+
+    def line(self) -> str:
+        """The launch log line: ``"batched gradients: "`` + :meth:`describe`."""
+        return f"batched gradients: {self.describe()}"
+
+
+def resolve_batched(setting: Any, model: nn.Module, *, protocol: Any = None, precision: Any = "32",
+                    example: Any = None, loss_fn: Optional[Callable[..., torch.Tensor]] = None,
+                    batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
+                    recorded: Any = None) -> BatchedDecision:
+    """Decide ``trainer.batched_gradients`` before launch (the app's :func:`experiments.wiring.validate`,
+    the library's launcher for a hand-built :class:`~robustagg.launch.Job`, and a
+    :class:`~robustagg.training.Trainer` built with ``"auto"`` all call this).
+
+    - ``false``: the per-worker loop.
+    - ``true``: the checks of :func:`check_batchable` (with the dry run when ``example`` is given);
+      a failed check is refused.
+    - ``auto``: the same checks; on exactly when every one passes, else off with the reasons. The
+      dry run is part of the checks: without an ``example`` there is no dry run, and ``auto``
+      stays off (``"no example batch for the dry run"``). When the run resumes a checkpoint,
+      ``recorded`` is the value its fingerprint holds: ``False`` keeps the loop (a run written
+      with the loop stays the same experiment), ``True`` is kept when the checks still pass.
+
+    Bound (docs/performance.md, "Batched per-worker gradients"): the digits MLP's float32
+    gradients came out bit-identical to the loop's at every step; convolutional models differ by
+    a few float32 ulps per step (relative 1e-7 to 4e-7 of the largest coordinate).
+
+    Args:
+        setting: ``"auto"``, ``True``, ``False`` (or their strings; :func:`parse_batched`).
+        model: the model (checked by its modules; the dry run leaves it in train mode).
+        protocol: the :class:`~robustagg.protocols.Protocol` (``None``: dsgd).
+        precision: ``trainer.precision``.
+        example: one batch as the trainer hands it to the loss (``(x[:2], y[:2])``; see
+            :func:`example_batch`), on the model's device, or ``None``.
+        loss_fn: the trainer's ``(logits, labels) -> scalar`` (default mean cross-entropy).
+        batch_loss: the trainer's ``(model, batch) -> scalar``, or ``None`` (see :class:`BatchedGradients`).
+        recorded: the resumed checkpoint's value of the key (``True``/``False``), or ``None``
+            for a fresh run (anything else counts as ``None``).
+
+    Returns:
+        a :class:`BatchedDecision`.
+
+    Raises:
+        ConfigError: ``setting`` is not one of :data:`VALUES` (naming the key); ``true`` with a
+            setting that cannot be batched (:func:`check_batchable`'s message).
+    """
+    value = parse_batched(setting)
+    if value is False:
+        return BatchedDecision(False, False, f"{KEY}=false")
+    if value is True:
+        check_batchable(model, protocol=protocol, precision=precision, example=example, loss_fn=loss_fn,
+                        batch_loss=batch_loss)
+        return BatchedDecision(True, True, f"{KEY}=true")
+    if recorded is False:
+        return BatchedDecision(False, "auto", "resuming a checkpoint written with the per-worker loop")
+    problems = [short for short, _ in _problems(model, protocol, precision, example, loss_fn, batch_loss)]
+    if problems:
+        return BatchedDecision(False, "auto", "; ".join(problems))
+    if example is None:
+        return BatchedDecision(False, "auto", "no example batch for the dry run of torch.func.vmap")
+    name = getattr(protocol, "name", "dsgd") if protocol is not None else "dsgd"
+    inner = getattr(model, "module", model)
+    text = f"{name}, {type(inner).__name__} without BatchNorm/dropout"
+    if recorded is True:
+        text += "; as the resumed checkpoint was written"
+    return BatchedDecision(True, "auto", text)
+
+
+def example_batch(shards: Mapping[int, Any], device: Optional[torch.device] = None) -> Any:
+    """Two examples of the first hosted :class:`~robustagg.training.Shard`, ``(x[:2], y[:2])``, for the
+    dry run of :func:`resolve_batched`; ``None`` when no shard is a ``Shard`` (a
+    :class:`~robustagg.training.BatchSource` is not read ahead: that would move its position).
+
+    Args:
+        shards: ``{rank: Shard | BatchSource}`` (the trainer's hosted workers).
+        device: where to put the examples (the model's device); ``None``: where they are.
+
+    Returns:
+        ``(x, y)`` with ``x`` ``(min(2, N), ...)`` and ``y`` ``(min(2, N),)``, or ``None``.
+    """
+    for r in sorted(shards):  # a Shard by its tensors x and y (the trainer module imports this one)
+        x, y = getattr(shards[r], "x", None), getattr(shards[r], "y", None)
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and len(y) > 0:
+            x, y = x[:2], y[:2]
+            return (x, y) if device is None else (x.to(device), y.to(device))
+    return None
 
 
 def _signature(batch: Any) -> Optional[Hashable]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +51,7 @@ from ..distributed.lifeline import stop_requested
 from ..distributed.reduction import Reduced, Reduction
 from ..errors import ConfigError, ShapeError
 from ..integrity import checksum
-from .batched import BatchedGradients, Prefetched, check_batchable
+from .batched import BatchedDecision, BatchedGradients, Prefetched, example_batch, parse_batched, resolve_batched
 from .byzantine import ByzantineBehaviour
 from .precision import MAX_BACKOFFS, Precision, Retry, autocast, new_scaler, parse_precision, submission_dtype
 from .sampler import ShardSampler, mix_seed
@@ -199,9 +199,13 @@ class Trainer:
         precision: ``"32"``, ``"bf16"`` or ``"fp16"``: the workers' forward pass and loss under
             autocast, fp16 with a loss scaler per worker; submissions are float32 either way (see
             :mod:`~robustagg.training.precision`).
-        batched_gradients: compute the hosted workers' gradients of an update in one
+        batched_gradients: ``True``: compute the hosted workers' gradients of an update in one
             ``torch.func.vmap`` call (:mod:`~robustagg.training.batched`; not bit-identical to the
-            per-worker loop in general, see there). Default ``False``.
+            per-worker loop in general, see there); ``False`` (default): the per-worker loop;
+            ``"auto"``: decided here by :func:`~robustagg.training.batched.resolve_batched`, as
+            the app decides it (the model, protocol, precision, and a dry run on two examples of
+            the first hosted :class:`Shard`; no ``Shard`` hosted: off). The decision is
+            :attr:`batched_decision`.
         state_sharding: ``"none"`` or ``"optimizer"``: this process owns the optimizer state of
             the coordinates its rank aggregates (:func:`~robustagg.distributed.sharded.shard_bounds`)
             and applies the server step to them; the parameter slices are all-gathered after
@@ -214,8 +218,9 @@ class Trainer:
             Byzantine, ``worker_momentum`` outside ``[0, 1)``, or ``identities`` not covering the
             hosted workers with distinct ids, an unknown ``precision``, or ``fp16`` with an
             optimizer that does not hold every trainable parameter (the scaler unscales through it),
-            or ``batched_gradients`` with a model, protocol or precision that
-            :func:`~robustagg.training.batched.check_batchable` refuses, or ``state_sharding``
+            or ``batched_gradients=True`` with a model, protocol or precision that
+            :func:`~robustagg.training.batched.check_batchable` refuses, or ``batched_gradients``
+            other than ``True``, ``False``, ``"auto"`` (or their strings), or ``state_sharding``
             unknown or outside its needs (above).
     """
 
@@ -226,7 +231,7 @@ class Trainer:
                  identities: Optional[Mapping[int, int]] = None, injector: Optional["FaultInjector"] = None,
                  batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
                  root: Optional[Shard] = None, protocol: Optional["Protocol"] = None,
-                 measure_bias: bool = False, precision: Any = "32", batched_gradients: bool = False,
+                 measure_bias: bool = False, precision: Any = "32", batched_gradients: Union[bool, str] = False,
                  state_sharding: str = "none") -> None:
         self.comm = reduction.comm
         self.root, self.seed = root, int(seed)
@@ -306,8 +311,12 @@ class Trainer:
         #: gradients they computed ahead for the update in progress, ``{rank: Prefetched}``.
         self.batched: Optional[BatchedGradients] = None
         self._prefetched: dict[int, Prefetched] = {}
-        if batched_gradients:
-            check_batchable(model, protocol=protocol, precision=self.precision)
+        auto = parse_batched(batched_gradients) == "auto"
+        #: How ``batched_gradients`` was decided (``on``, the setting, the reason).
+        self.batched_decision: BatchedDecision = resolve_batched(
+            batched_gradients, model, protocol=protocol, precision=self.precision,
+            example=example_batch(self.shards, device) if auto else None, loss_fn=loss_fn, batch_loss=batch_loss)
+        if self.batched_decision.on:
             self.batched = BatchedGradients(model, loss_fn=loss_fn, batch_loss=batch_loss)
         if byzantine is not None and byzantine.gossip_fn is not None and not protocol.mixes:
             raise ConfigError(f"the Byzantine behaviour {byzantine.name!r} is a gossip attack (each neighbour gets its "
