@@ -186,11 +186,13 @@ class ByzflDSGD:
         self._broadcast()
 
 
-def _ours(n: int, f: int, metrics: bool, tmp: str) -> tuple[Any, int]:
-    """Our simulated trainer for trimmed_mean vs alie at (n, f), and its batch size."""
+def _ours(n: int, f: int, metrics: bool, tmp: str, batched: str = "false") -> tuple[Any, int]:
+    """Our simulated trainer for trimmed_mean vs alie at (n, f), and its batch size; ``batched`` is
+    ``trainer.batched_gradients`` (``false``: the loop, as the committed comparisons were made;
+    ``auto``: the default a researcher gets)."""
     from .bench_train import build_trainer, compose, overrides
 
-    cfg = compose(overrides(n, f, "trimmed_mean", "alie", metrics))
+    cfg = compose(overrides(n, f, "trimmed_mean", "alie", metrics, extra=(f"trainer.batched_gradients={batched}",)))
     return build_trainer(cfg, tmp), int(cfg.trainer.batch_size)
 
 
@@ -215,6 +217,7 @@ def run(*, n: int = 10, f: int = 2, warmup: int = 5, repeats: int = 5, steps: in
     tick: Callable[[], float] = _clock(clock)
     with tempfile.TemporaryDirectory() as tmp:
         (off, batch), (on, _), (plain, _) = _ours(n, f, False, tmp), _ours(n, f, True, tmp), _ours(n, f, False, tmp)
+        default, _ = _ours(n, f, True, tmp, batched="auto")
     floor = Floor(plain, batch)
     honest = [r for r in sorted(off.shards) if r not in set(off.byzantine.ranks)]
     opt = off.optimizer.param_groups[0]
@@ -223,6 +226,7 @@ def run(*, n: int = 10, f: int = 2, warmup: int = 5, repeats: int = 5, steps: in
         "byzfl": byzfl.step,
         "ours, metrics off": lambda: step_record(off.step(), off),
         "ours, metrics on": lambda: step_record(on.step(), on),
+        "ours, metrics on, default": lambda: step_record(default.step(), default),
         "floor": floor.step,
     }
     times: dict[str, list[float]] = {k: [] for k in cases}
@@ -240,6 +244,8 @@ def run(*, n: int = 10, f: int = 2, warmup: int = 5, repeats: int = 5, steps: in
     notes = {"byzfl": f"ByzFL {bz.version}: {len(honest)} sequential Client + ByzantineClient(ALIE) + Server(TrMean)",
              "ours, metrics off": "Trainer, simulated mode (LocalComm), trimmed_mean vs alie",
              "ours, metrics on": "the same with trainer.metrics=true (agg/* weights and kappa-hat)",
+             "ours, metrics on, default": "the same with trainer.batched_gradients=auto (the default: "
+                                          f"{'batched' if default.batched is not None else 'the loop'})",
              "floor": "plain torch loop over all n workers: gradients, mean, SGD"}
     return [{"case": k, "median_ms": statistics.median(v), "ratio": statistics.median(v) / ref,
              "timed_steps": len(v), "n": n, "f": f, "d": d, "clock": clock, "byzfl": bz.version, "note": notes[k]}
