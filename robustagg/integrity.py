@@ -83,10 +83,7 @@ def checksum(t: torch.Tensor) -> int:
         a Python int in ``[-2**63, 2**63)``. Equal bytes give equal checksums; ``-0.0`` and ``0.0``
         (or two NaN payloads) differ, as they should for a byte-level transport check.
 
-    Raises:
-        nothing for any tensor.
-
-    Needs no (n, f) assumption. Source: Collet, xxHash (XXH3, 2019-2020), through the ``xxhash``
+    Never raises for a tensor argument. Needs no (n, f) assumption. Source: Collet, xxHash (XXH3, 2019-2020), through the ``xxhash``
     package.
 
     Example:
@@ -113,11 +110,8 @@ def digest(t: torch.Tensor) -> int:
     Returns:
         a Python int in ``[-2**63, 2**63)``; equal bytes give equal digests.
 
-    Raises:
-        nothing for any tensor.
-
-    Needs no (n, f) assumption. Source: Aumasson, Neves, Wilcox-O'Hearn, Winnerlein, "BLAKE2"
-    (ACNS 2013; RFC 7693), through :mod:`hashlib`.
+    Never raises for a tensor argument. Needs no (n, f) assumption. Source: Aumasson, Neves, Wilcox-O'Hearn, Winnerlein, "BLAKE2"
+    (ACNS 2013; RFC 7693), through Python's ``hashlib``.
 
     Example:
         >>> import torch
