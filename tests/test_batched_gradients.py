@@ -289,6 +289,39 @@ def test_auto_in_the_library_takes_the_same_checks_as_true():
     assert _trainer(_mlp, False).batched is None  # the Trainer's own default stays the loop
 
 
+def test_auto_keeps_the_loop_where_the_batched_gradients_are_not_the_loops_bits(monkeypatch):
+    """auto's last check: a probe must give the loop's gradients bit for bit (simulated = processes); one ulp
+    of difference in one coordinate keeps the loop, with the reason; the probe leaves no .grad behind."""
+    from robustagg.training import batched
+
+    x = (torch.randn(2, 64, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1]))
+    model = _mlp()
+    exact = batched.BatchedGradients.gradients
+    rows, _ = exact(batched.BatchedGradients(model), [x, x])
+    if not batched.matches_loop(model, x):  # the premise of the digits-shaped MLP on this build (docs)
+        pytest.skip("this build's BLAS batches the 64-input MLP in another order")
+    assert all(p.grad is None for p in model.parameters())
+
+    def one_ulp_off(self, batches):
+        g, losses = exact(self, batches)
+        g = g.clone()
+        g[-1, 3] = torch.nextafter(g[-1, 3], torch.tensor(float("inf")))
+        return g, losses
+
+    monkeypatch.setattr(batched.BatchedGradients, "gradients", one_ulp_off)
+    assert not batched.matches_loop(model, x)
+    d = resolve_batched("auto", model, example=x)
+    assert not d.on and d.reason.startswith("the batched gradients differ from the per-worker loop's in their last bits")
+    assert resolve_batched(True, model, example=x).on  # true batches anyway, within the stated bound
+
+
+def test_the_probe_declines_what_it_cannot_probe():
+    model = _mlp()
+    assert not __import__("robustagg.training.batched", fromlist=["x"]).matches_loop(
+        model, (torch.zeros(2, 64, dtype=torch.long), torch.tensor([0, 1])))  # token ids: no noise to add
+    assert not resolve_batched("auto", model, example=[torch.zeros(2, 64)]).on  # not an (x, y) pair
+
+
 def test_a_value_other_than_auto_true_false_is_refused_naming_the_key(tmp_path):
     msg = r"trainer.batched_gradients must be one of auto, true, false; got 'maybe'"
     with pytest.raises(ConfigError, match=msg):
