@@ -109,19 +109,15 @@ LINE_SEARCH = ("agr_tailored", "opt_alie", "opt_ipm")
 
 
 def projection_line() -> str:
-    """Seed 0's CPU-hours before (``cost.json``), and the grid's projected after the two A/B ratios: the
-    line-search runs (seed 0's ``opt_*`` shards' CPU per run, times the line-search runs of seed 0) scaled
-    by the line-search slice's ratio, the rest by the other slice's."""
+    """Seed 0's CPU-hours before (``grid_before.json``: taken from ``cost.json`` and ``results.csv`` as they
+    were before this round), and the grid's projected after the two A/B ratios: the line-search runs
+    (seed 0's ``opt_*`` shards' CPU per run, times the line-search runs of seed 0) scaled by the
+    line-search slice's ratio, the rest by the other slice's."""
     import json
 
-    cost = json.loads((ROOT / "docs" / "results" / "fmnist_benchmark" / "cost.json").read_text())
-    seed0 = [s for s in cost["shards"] if not str(s["sweep"]).startswith("seed1")]
-    total = sum(float(s["cpu_seconds"]) for s in seed0)
-    runs = sum(int(s["runs"]) for s in seed0)
-    opt = [s for s in seed0 if str(s["sweep"]) in ("seed0_opt_alie", "seed0_opt_ipm")]
-    per_ls = sum(float(s["cpu_seconds"]) for s in opt) / sum(int(s["runs"]) for s in opt)
-    with (ROOT / "docs" / "results" / "fmnist_benchmark" / "results.csv").open() as fh:
-        ls_runs = sum(1 for r in csv.DictReader(fh) if r["seed"] == "0" and r["attack"] in LINE_SEARCH)
+    before = json.loads((FILES / "grid_before.json").read_text())
+    total, runs = float(before["seed0_cpu_seconds"]), int(before["seed0_jobs"])
+    per_ls, ls_runs = float(before["line_search_cpu_per_run"]), int(before["line_search_runs"])
     ls = per_ls * ls_runs
     after = (total - ls) * _ab("grid_cost_ab.csv")["ratio"] + ls * _ab("grid_cost_ab_linesearch.csv")["ratio"]
     grid_before, grid_after = 3 * total / 3600, 3 * after / 3600
