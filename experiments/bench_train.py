@@ -377,7 +377,7 @@ def run_bench(cfg: DictConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             row.update(floor_ms=floors[int(n)], ratio_to_floor=row["median_ms"] / floors[int(n)])
         rows.append(row)
     startup = startup_split(cfg, out) if cfg.startup.enabled else []
-    table = judge(pd.DataFrame(rows).reindex(columns=COLUMNS), cfg.targets)
+    table = judge(pd.DataFrame(rows).reindex(columns=COLUMNS), cfg.targets, judged=not bool(cfg.quick))
     return table, pd.DataFrame(startup).reindex(columns=STARTUP_COLUMNS)
 
 
@@ -391,12 +391,13 @@ def verdict(value: float, target: float) -> str:
     return "met" if value <= target else f"missed by {value - target:.2f}"
 
 
-def judge(table: pd.DataFrame, targets: Any) -> pd.DataFrame:
+def judge(table: pd.DataFrame, targets: Any, judged: bool = True) -> pd.DataFrame:
     """``table`` with ``target`` and ``verdict`` filled for the cases that have a target.
 
     ``targets`` maps a case name to the largest acceptable ``ratio_to_floor`` (issue 25's targets,
     stated against the plain loop (a)); a ``*_vmap`` case is judged by its case's target, since the
-    batched trainer is the same robust step with the gradients computed otherwise.
+    batched trainer is the same robust step with the gradients computed otherwise. ``judged=False``
+    (a ``quick`` run: two timed steps) writes the targets and "not judged (quick run)".
     """
     out = table.copy()
     out["target"] = out["target"].astype(object)
@@ -406,7 +407,8 @@ def judge(table: pd.DataFrame, targets: Any) -> pd.DataFrame:
         key = case[:-len("_vmap")] if case.endswith("_vmap") else case
         if key in targets and not pd.isna(rec["ratio_to_floor"]):
             out.at[i, "target"] = float(targets[key])
-            out.at[i, "verdict"] = verdict(float(rec["ratio_to_floor"]), float(targets[key]))
+            out.at[i, "verdict"] = (verdict(float(rec["ratio_to_floor"]), float(targets[key])) if judged
+                                    else "not judged (quick run)")
     return out
 
 
@@ -420,15 +422,16 @@ def _print(table: pd.DataFrame, startup: pd.DataFrame, target_s: Any = None) -> 
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=200)
+    console = Console(width=260)
     out = Table(title=f"robustagg training step ({machine()})",
-                caption="ratio_to_floor (ratio_to_vmap_floor): median step time / the plain loop's (the vmap "
+                caption="verdict: ratio_to_floor against target; ratio_to_floor (ratio_to_vmap_floor): median step time / the plain loop's (the vmap "
                         "loop's), same n, same run; "
                         "step_ms + record_ms: trainer.step() and step_record()")
     shown = ["case", "n", "rule", "attack", "metrics", "mode", "median_ms", "ratio_to_floor", "ratio_to_vmap_floor",
              "target", "verdict", "step_ms", "record_ms", "timed_steps", "note"]
     for col in shown:
-        out.add_column(col, justify="left" if col in ("case", "rule", "attack", "mode", "note", "verdict") else "right")
+        out.add_column(col, justify="left" if col in ("case", "rule", "attack", "mode", "note", "verdict") else "right",
+                       no_wrap=col == "case", min_width=24 if col == "case" else None)
     for rec in table.to_dict("records"):
         out.add_row(*[_fmt(rec[c]) for c in shown])
     console.print(out)

@@ -890,12 +890,18 @@ def _batched_decision(cfg: DictConfig, model: torch.nn.Module, data: DataBundle,
     """
     from robustagg.launch.identity import recorded_value
     from robustagg.protocols import DSGD
-    from robustagg.training.batched import KEY, resolve_batched
+    from robustagg.training.batched import KEY, resolve_batched, run_shapes
 
     setting = parse_batched(cfg.trainer.batched_gradients)
     recorded = recorded_value(ckpt_dir, KEY, resume=str(cfg.trainer.resume)) if setting == "auto" else None
+    simulated = Mode(cfg.trainer.mode) is Mode.simulated
+    processes = int(cfg.trainer.get("processes") or 0)
+    n = len(data.parts)
+    hosted = n if simulated else max(1, -(-n // processes) if processes > 0 else 1)
+    sizes, workers = run_shapes(int(cfg.trainer.batch_size), [len(p) for p in data.parts], hosted)
     return resolve_batched(setting, model, protocol=build_protocol(cfg) or DSGD(), precision=cfg.trainer.precision,
-                           example=(data.train_x[:2], data.train_y[:2]), recorded=recorded)
+                           example=(data.train_x[:2], data.train_y[:2]), recorded=recorded, batch_sizes=sizes,
+                           workers=workers)
 
 
 def _root_data_check(rule: Aggregator, root_samples: int) -> None:

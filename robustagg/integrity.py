@@ -57,7 +57,7 @@ def _bytes(t: torch.Tensor) -> memoryview:
     if (t.device.type == "cpu" and t.dtype in _NUMPY_VIEWABLE and t.is_contiguous() and not t.is_conj()
             and not t.is_neg()):
         return t.detach().numpy().data  # C-contiguous: its buffer is exactly the row-major bytes
-    flat = t.detach().reshape(-1)
+    flat = t.detach().resolve_conj().resolve_neg().reshape(-1)  # a conjugate or negative view: its values
     if flat.device.type != "cpu":
         flat = flat.cpu()
     flat = flat.contiguous()

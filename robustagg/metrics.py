@@ -90,7 +90,9 @@ def step_metrics(aggregate: torch.Tensor, x: torch.Tensor, honest_mask: torch.Te
 
     Float32/float64 CPU tensors take one pass of a compiled kernel
     (:mod:`~robustagg.functional._moments_kernel`); other devices and dtypes take torch's float64
-    reductions. The two agree to float64 rounding (tested).
+    reductions. The two agree to float64 rounding (tested) wherever the squared norms stay inside
+    float64's range (about 1e-154 < |value| < 1e154); beyond it the compiled path gives ``inf`` or
+    ``nan`` where the torch path's float arithmetic raises.
     """
     x = as_matrix(x)
     mask = torch.as_tensor(honest_mask, dtype=torch.bool).cpu()

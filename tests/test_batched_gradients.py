@@ -315,6 +315,31 @@ def test_auto_keeps_the_loop_where_the_batched_gradients_are_not_the_loops_bits(
     assert resolve_batched(True, model, example=x).on  # true batches anyway, within the stated bound
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 7, 32])
+def test_auto_keeps_simulated_and_processes_bit_identical_at_the_runs_own_batch_size(tmp_path, batch):
+    """The probe is made at the run's batch sizes and vmap widths (a review found the digits MLP batched at 1
+    and 7 rows in another order than the loop while a fixed 32-row probe passed): whatever auto decides in
+    each mode, the two modes and the loop train the same bits."""
+    common = ("threat.n=10", "threat.f=2", "aggregator=trimmed_mean", "attack=alie", "trainer.steps=3",
+              "trainer.eval_every=0", "trainer.param_check_every=0", f"trainer.batch_size={batch}",
+              "trainer.collective_timeout_s=300")
+    train(_cfg(*common, "trainer.mode=simulated"), out_dir=tmp_path / "sim", quiet=True)
+    train(_cfg(*common, "trainer.mode=processes"), out_dir=tmp_path / "proc", quiet=True)
+    train(_cfg(*common, "trainer.mode=simulated", f"{KEY}=false"), out_dir=tmp_path / "loop", quiet=True)
+    sim, proc, loop = ((tmp_path / d / "model.safetensors").read_bytes() for d in ("sim", "proc", "loop"))
+    assert sim == proc == loop
+
+
+def test_run_shapes_names_every_batch_size_and_vmap_width():
+    from robustagg.training.batched import run_shapes
+
+    assert run_shapes(32, [100] * 10, 10) == ([32], [1, 10])
+    assert run_shapes(32, [100, 5, 5, 100, 100], 5) == ([5, 32], [1, 2, 3, 5])
+    assert run_shapes(32, [100] * 10, 1) == ([32], [1])  # a process hosting one worker
+    assert run_shapes(8, [], 3) == ([8], [1, 3])  # no Shard (a BatchSource): the batch size
+
+
 def test_the_probe_declines_what_it_cannot_probe():
     model = _mlp()
     assert not __import__("robustagg.training.batched", fromlist=["x"]).matches_loop(

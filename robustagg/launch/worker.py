@@ -138,15 +138,17 @@ def _batched_setting(job: Job, parts: WorkerParts, device: torch.device, comm: C
     Raises:
         ConfigError: ``settings.batched_gradients`` is not ``auto``, ``true`` or ``false``.
     """
-    from ..training.batched import KEY, example_batch, parse_batched, resolve_batched
+    from ..training.batched import KEY, example_batch, parse_batched, resolve_batched, run_shapes
 
     s = job.settings
     value = parse_batched(s.batched_gradients, key=s.key("batched_gradients"))
     if value != "auto":
         return bool(value)
+    sizes, workers = run_shapes(int(s.batch_size), [len(getattr(sh, "y", ())) for sh in parts.shards.values()],
+                                job.n)  # a worker's decision must hold in any mode: up to every worker in one call
     decision = resolve_batched("auto", parts.model, protocol=parts.protocol, precision=str(s.precision),
                                example=example_batch(parts.shards, device), loss_fn=parts.loss_fn,
-                               batch_loss=parts.batch_loss)
+                               batch_loss=parts.batch_loss, batch_sizes=sizes, workers=workers)
     s.batched_gradients = decision.on
     if KEY in job.fingerprint:
         job.fingerprint[KEY] = decision.on

@@ -68,11 +68,13 @@ from torch import nn
 from ..errors import ConfigError
 
 __all__ = ["BatchedGradients", "BatchedDecision", "Prefetched", "batchable_problems", "check_batchable", "example_batch",
-           "matches_loop",
+           "matches_loop", "run_shapes",
            "parse_batched", "resolve_batched", "KEY", "VALUES"]
 
 #: The configuration key of the flag (named in every refusal).
 KEY = "trainer.batched_gradients"
+#: The default shapes of ``auto``'s bit-identity probe (without the run's own): worker batches, rows each.
+PROBE_WORKERS, PROBE_ROWS = 4, 32
 _FIX = f"use {KEY}=false (the per-worker loop)"
 
 
@@ -245,7 +247,8 @@ class BatchedDecision:
 def resolve_batched(setting: Any, model: nn.Module, *, protocol: Any = None, precision: Any = "32",
                     example: Any = None, loss_fn: Optional[Callable[..., torch.Tensor]] = None,
                     batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
-                    recorded: Any = None) -> BatchedDecision:
+                    recorded: Any = None, batch_sizes: Sequence[int] = (PROBE_ROWS,),
+                    workers: Sequence[int] = (PROBE_WORKERS,)) -> BatchedDecision:
     """Decide ``trainer.batched_gradients`` before launch (the app's :func:`experiments.wiring.validate`,
     the library's launcher for a hand-built :class:`~robustagg.launch.Job`, and a
     :class:`~robustagg.training.Trainer` built with ``"auto"`` all call this).
@@ -274,6 +277,9 @@ def resolve_batched(setting: Any, model: nn.Module, *, protocol: Any = None, pre
         batch_loss: the trainer's ``(model, batch) -> scalar``, or ``None`` (see :class:`BatchedGradients`).
         recorded: the resumed checkpoint's value of the key (``True``/``False``), or ``None``
             for a fresh run (anything else counts as ``None``).
+        batch_sizes: the run's batch sizes, for ``auto``'s bit-identity probe (:func:`matches_loop`;
+            :func:`run_shapes` gives them).
+        workers: the worker counts one ``vmap`` call takes in the run, for the same probe.
 
     Returns:
         a :class:`BatchedDecision`.
@@ -296,7 +302,8 @@ def resolve_batched(setting: Any, model: nn.Module, *, protocol: Any = None, pre
         return BatchedDecision(False, "auto", "; ".join(problems))
     if example is None:
         return BatchedDecision(False, "auto", "no example batch for the dry run of torch.func.vmap")
-    if not matches_loop(model, example, loss_fn=loss_fn, batch_loss=batch_loss):
+    if not matches_loop(model, example, loss_fn=loss_fn, batch_loss=batch_loss, batch_sizes=batch_sizes,
+                        workers=workers):
         return BatchedDecision(False, "auto", "the batched gradients differ from the per-worker loop's in their last "
                                               "bits for this model (simulated and processes runs would then differ)")
     name = getattr(protocol, "name", "dsgd") if protocol is not None else "dsgd"
@@ -307,28 +314,29 @@ def resolve_batched(setting: Any, model: nn.Module, *, protocol: Any = None, pre
     return BatchedDecision(True, "auto", text)
 
 
-#: The bit-identity probe of ``auto``: this many worker batches of this many rows each.
-PROBE_WORKERS, PROBE_ROWS = 4, 32
-
-
 def matches_loop(model: nn.Module, example: Any, *, loss_fn: Optional[Callable[..., torch.Tensor]] = None,
-                 batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None) -> bool:
+                 batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
+                 batch_sizes: Sequence[int] = (PROBE_ROWS,), workers: Sequence[int] = (PROBE_WORKERS,)) -> bool:
     """Whether the batched gradients equal the per-worker loop's **bit for bit** on a probe (``auto``'s last check).
 
-    The probe: ``PROBE_WORKERS`` (4) batches of ``PROBE_ROWS`` (32) rows made from ``example``
-    (its rows cycled, plus seeded Gaussian noise of scale 0.1 so that no two rows are equal; the
-    labels cycled and rolled per batch), their gradients computed once by :class:`BatchedGradients`
-    and once as the trainer's loop computes them (forward, loss, ``backward``, the ``.grad`` of every
-    parameter flattened), compared with :func:`torch.equal`. Whether two such computations add the
-    same terms in the same order depends on the shapes and the BLAS path, not on the values, so a
-    probe at the run's layer shapes predicts the run; it is not a proof for other batch sizes (a
-    shard smaller than the batch) or worker counts. Only a floating ``(x, y)`` example can be
+    The probe: for every batch size ``b`` in ``batch_sizes`` and every worker count ``k`` in
+    ``workers`` (the run's own: its batch size and every smaller shard's size; the workers one
+    ``vmap`` call takes in a simulated run and in a process), ``k`` batches of ``b`` rows made from
+    ``example`` (its rows cycled, plus seeded Gaussian noise of scale 0.1 so that no two rows are
+    equal; the labels cycled and rolled per batch), their gradients computed once by
+    :class:`BatchedGradients` and once as the trainer's loop computes them (forward, loss,
+    ``backward``, the ``.grad`` of every parameter flattened), compared with :func:`torch.equal`.
+    Whether two such computations add the same terms in the same order depends on the shapes and
+    the BLAS path, not on the values (the digits MLP matches at 32 rows and not at 1 or 7 on this
+    build), so the probe is made at the run's own shapes; it predicts the run, it does not prove it. Only a floating ``(x, y)`` example can be
     probed: anything else (token ids, a custom ``batch_loss`` batch) returns ``False``, the safe side.
     Parameter ``.grad`` fields are left as ``None``; the model is left in train mode.
 
     Args:
         model: the model; example: ``(x, y)`` with ``x`` ``(m, ...)`` floating and ``y`` ``(m,)``,
             ``m >= 1``; loss_fn, batch_loss: as the trainer's (default mean cross-entropy).
+        batch_sizes: the batch sizes the run draws (default ``(PROBE_ROWS,)``).
+        workers: the numbers of workers one ``vmap`` call takes (default ``(PROBE_WORKERS,)``).
 
     Returns:
         ``True`` when every probe gradient is bitwise equal to the loop's.
@@ -344,29 +352,52 @@ def matches_loop(model: nn.Module, example: Any, *, loss_fn: Optional[Callable[.
             and isinstance(example[1], torch.Tensor) and example[0].is_floating_point() and len(example[1]) > 0):
         return False
     x, y = example
-    g = torch.Generator().manual_seed(0)
-    cyc = torch.arange(PROBE_ROWS) % len(y)
-    batches = []
-    for k in range(PROBE_WORKERS):
-        noise = torch.randn((PROBE_ROWS, *x.shape[1:]), generator=g, dtype=x.dtype).to(x.device)
-        batches.append((x[cyc] + 0.1 * noise, y[torch.roll(cyc, k)]))
     model.train()
-    rows, _ = BatchedGradients(model, loss_fn=loss_fn, batch_loss=batch_loss).gradients(batches)
+    batched = BatchedGradients(model, loss_fn=loss_fn, batch_loss=batch_loss)
     params = [p for p in model.parameters() if p.requires_grad]
     loss_of = loss_fn if loss_fn is not None else F.cross_entropy
     try:
-        for k, batch in enumerate(batches):
-            for p in params:
-                p.grad = None
-            loss = batch_loss(model, batch) if batch_loss is not None else loss_of(model(batch[0]), batch[1])
-            loss.backward()
-            loop = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-            if not torch.equal(loop, rows[k].to(loop.dtype)):
-                return False
+        for b in sorted({int(v) for v in batch_sizes if int(v) >= 1}):
+            g = torch.Generator().manual_seed(b)
+            cyc = torch.arange(b) % len(y)
+            most = max(1, max(int(k) for k in workers))
+            batches = []
+            for k in range(most):
+                noise = torch.randn((b, *x.shape[1:]), generator=g, dtype=x.dtype).to(x.device)
+                batches.append((x[cyc] + 0.1 * noise, y[torch.roll(cyc, k)]))
+            loop = []
+            for batch in batches:
+                for p in params:
+                    p.grad = None
+                loss = batch_loss(model, batch) if batch_loss is not None else loss_of(model(batch[0]), batch[1])
+                loss.backward()
+                loop.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                                       for p in params]))
+            for k in sorted({max(1, int(v)) for v in workers}):
+                rows, _ = batched.gradients(batches[:k])
+                if not all(torch.equal(loop[i], rows[i].to(loop[i].dtype)) for i in range(k)):
+                    return False
         return True
     finally:
         for p in params:
             p.grad = None
+
+
+def run_shapes(batch_size: int, shard_sizes: Sequence[int], hosted: int) -> tuple[list[int], list[int]]:
+    """``(batch_sizes, workers)`` for :func:`matches_loop`: every batch size a run draws (``min(batch_size,
+    shard size)`` per worker, :class:`~robustagg.training.ShardSampler`) and the worker counts one ``vmap``
+    call can take: 1 (a process hosting one worker), ``hosted`` (the workers of one process, every worker
+    in a simulated run) and, per batch size, how many workers draw it (``vmap`` groups by shape).
+
+    Example:
+        >>> run_shapes(32, [100, 100, 7], 3)
+        ([7, 32], [1, 2, 3])
+    """
+    hosted = max(1, int(hosted))
+    per = [min(int(batch_size), int(m)) for m in shard_sizes if int(m) >= 1]
+    sizes = sorted(set(per) or {int(batch_size)})
+    groups = {min(hosted, per.count(b)) for b in set(per)}
+    return sizes, sorted({1, hosted} | groups)
 
 
 def example_batch(shards: Mapping[int, Any], device: Optional[torch.device] = None) -> Any:

@@ -51,7 +51,7 @@ from ..distributed.lifeline import stop_requested
 from ..distributed.reduction import Reduced, Reduction
 from ..errors import ConfigError, ShapeError
 from ..integrity import checksum
-from .batched import BatchedDecision, BatchedGradients, Prefetched, example_batch, parse_batched, resolve_batched
+from .batched import run_shapes, BatchedDecision, BatchedGradients, Prefetched, example_batch, parse_batched, resolve_batched
 from .byzantine import ByzantineBehaviour
 from .precision import MAX_BACKOFFS, Precision, Retry, autocast, new_scaler, parse_precision, submission_dtype
 from .sampler import ShardSampler, mix_seed
@@ -313,9 +313,12 @@ class Trainer:
         self._prefetched: dict[int, Prefetched] = {}
         auto = parse_batched(batched_gradients) == "auto"
         #: How ``batched_gradients`` was decided (``on``, the setting, the reason).
+        sizes, counts = run_shapes(int(batch_size), [len(getattr(sh, "y", ())) for sh in self.shards.values()],
+                                   len(self.shards))
         self.batched_decision: BatchedDecision = resolve_batched(
             batched_gradients, model, protocol=protocol, precision=self.precision,
-            example=example_batch(self.shards, device) if auto else None, loss_fn=loss_fn, batch_loss=batch_loss)
+            example=example_batch(self.shards, device) if auto else None, loss_fn=loss_fn, batch_loss=batch_loss,
+            batch_sizes=sizes, workers=counts)
         if self.batched_decision.on:
             self.batched = BatchedGradients(model, loss_fn=loss_fn, batch_loss=batch_loss)
         if byzantine is not None and byzantine.gossip_fn is not None and not protocol.mixes:
