@@ -9,7 +9,6 @@ the selection weight.
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 import torch
@@ -124,12 +123,13 @@ def _credit_compiled(x: torch.Tensor, runs: list[tuple[int, int]], stats: dict[i
     return torch.from_numpy(per_position * (whole.astype(np.float64) + shared))
 
 
-def _f64(a: Any) -> Any:
-    """``a`` as float64, NumPy array or tensor alike."""
-    return a.astype(np.float64) if isinstance(a, np.ndarray) else a.to(torch.float64)
+def _f64(a: torch.Tensor) -> torch.Tensor:
+    """``a`` as float64."""
+    return a.to(torch.float64)
 
 
-def _credit_one_range(block: Any, lo_v: Any, hi_v: Any, p0: int, p1: int, per_position: float) -> Any:
+def _credit_one_range(block: torch.Tensor, lo_v: torch.Tensor, hi_v: torch.Tensor, p0: int, p1: int,
+                      per_position: float) -> torch.Tensor:
     """``(n,)`` float64 per-row credit summed over the columns of ``block`` ``(n, c)`` for the sorted
     positions ``[p0, p1)``, whose first and last values per column are ``lo_v`` and ``hi_v`` ``(c,)``
     (tensors: the path of CUDA and other devices, and of dtypes the compiled CPU kernel does not take).
@@ -148,13 +148,14 @@ def _credit_one_range(block: Any, lo_v: Any, hi_v: Any, p0: int, p1: int, per_po
     whole = inside.sum(1)
     if not bool(spill.any()):
         return per_position * _f64(whole)
-    cols = spill.nonzero()[0] if isinstance(spill, np.ndarray) else spill.nonzero().squeeze(1)
+    cols = spill.nonzero().squeeze(1)
     whole -= inside[:, cols].sum(1)  # integer counts: exact
     return per_position * _f64(whole) + _credit_spilling_runs(
         block[:, cols], lo_v[cols], hi_v[cols], p0, p1, per_position)
 
 
-def _credit_spilling_runs(block: Any, lo_v: Any, hi_v: Any, p0: int, p1: int, per_position: float) -> Any:
+def _credit_spilling_runs(block: torch.Tensor, lo_v: torch.Tensor, hi_v: torch.Tensor, p0: int, p1: int,
+                          per_position: float) -> torch.Tensor:
     """:func:`_credit_one_range` for any columns: a value strictly inside ``(lo, hi)`` in full, and
     the ``run`` rows equal to ``lo`` (or ``hi``), at sorted positions ``[below, below + run)``,
     ``per_position * |[below, below + run) & [p0, p1)| / run`` each."""

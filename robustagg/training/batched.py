@@ -39,7 +39,9 @@ transform; the rule's inputs are exactly the per-worker gradients of the loop.
 **When it is on** (:func:`resolve_batched`, before launch: the app's ``validate``, the launcher's
 processes for a hand-built :class:`~robustagg.launch.Job`, a ``Trainer`` given ``"auto"``):
 ``trainer.batched_gradients=auto`` (the default) turns it on exactly when every check below passes,
-the dry run on two examples included, else off with the reasons (logged in one line, recorded in
+the dry run on two examples included, and when a probe at the run's own shapes gives the per-worker
+loop's gradients bit for bit (:func:`matches_loop`: simulated and processes runs then stay
+bit-identical), else off with the reasons (logged in one line, recorded in
 the summary); on a resume it keeps the checkpoint's recorded value (an old checkpoint without the
 key: ``false``). ``true`` refuses a run that fails a check; ``false`` is the loop. The resolved
 value, never ``auto``, is what the fingerprint records.
@@ -256,7 +258,8 @@ def resolve_batched(setting: Any, model: nn.Module, *, protocol: Any = None, pre
     - ``false``: the per-worker loop.
     - ``true``: the checks of :func:`check_batchable` (with the dry run when ``example`` is given);
       a failed check is refused.
-    - ``auto``: the same checks; on exactly when every one passes, else off with the reasons. The
+    - ``auto``: the same checks and the bit-identity probe of :func:`matches_loop` at
+      ``batch_sizes`` and ``workers``; on exactly when every one passes, else off with the reasons. The
       dry run is part of the checks: without an ``example`` there is no dry run, and ``auto``
       stays off (``"no example batch for the dry run"``). When the run resumes a checkpoint,
       ``recorded`` is the value its fingerprint holds: ``False`` keeps the loop (a run written
@@ -388,6 +391,17 @@ def run_shapes(batch_size: int, shard_sizes: Sequence[int], hosted: int) -> tupl
     shard size)`` per worker, :class:`~robustagg.training.ShardSampler`) and the worker counts one ``vmap``
     call can take: 1 (a process hosting one worker), ``hosted`` (the workers of one process, every worker
     in a simulated run) and, per batch size, how many workers draw it (``vmap`` groups by shape).
+
+    Args:
+        batch_size: ``trainer.batch_size`` (>= 1). shard_sizes: each hosted worker's number of
+            examples (sizes below 1, a worker without a ``Shard``, are left out).
+        hosted: the workers one process hosts (a simulated run: all ``n``).
+
+    Returns:
+        ``(batch_sizes, workers)``: sorted lists of ints (``[batch_size]`` when no size is known).
+
+    Raises nothing for integer arguments. Needs no (n, f) assumption. Source: this project's
+    sampler (``min(batch_size, shard size)``) and :class:`BatchedGradients`' grouping by shape.
 
     Example:
         >>> run_shapes(32, [100, 100, 7], 3)

@@ -51,7 +51,8 @@ from ..distributed.lifeline import stop_requested
 from ..distributed.reduction import Reduced, Reduction
 from ..errors import ConfigError, ShapeError
 from ..integrity import checksum
-from .batched import run_shapes, BatchedDecision, BatchedGradients, Prefetched, example_batch, parse_batched, resolve_batched
+from .batched import (BatchedDecision, BatchedGradients, Prefetched, example_batch, parse_batched, resolve_batched,
+                      run_shapes)
 from .byzantine import ByzantineBehaviour
 from .precision import MAX_BACKOFFS, Precision, Retry, autocast, new_scaler, parse_precision, submission_dtype
 from .sampler import ShardSampler, mix_seed
@@ -203,8 +204,9 @@ class Trainer:
             ``torch.func.vmap`` call (:mod:`~robustagg.training.batched`; not bit-identical to the
             per-worker loop in general, see there); ``False`` (default): the per-worker loop;
             ``"auto"``: decided here by :func:`~robustagg.training.batched.resolve_batched`, as
-            the app decides it (the model, protocol, precision, and a dry run on two examples of
-            the first hosted :class:`Shard`; no ``Shard`` hosted: off). The decision is
+            the app decides it (the model, protocol, precision, a dry run on two examples of the
+            first hosted :class:`Shard`, and the bit-identity probe at the hosted workers' batch
+            sizes; no ``Shard`` hosted: off). The decision is
             :attr:`batched_decision`.
         state_sharding: ``"none"`` or ``"optimizer"``: this process owns the optimizer state of
             the coordinates its rank aggregates (:func:`~robustagg.distributed.sharded.shard_bounds`)
