@@ -86,12 +86,19 @@ def _read(root: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
 def finish_job(sweep_dir: str | os.PathLike[str], job: int, status: str, text: str) -> str:
     """Record that job number ``job`` ended with ``status`` and return its progress line,
     ``"[k of N done] #job text"`` (``"[k done]"`` when the sweep's size is unknown)."""
+    return _finish(sweep_dir, job, status, text)[0]
+
+
+def _finish(sweep_dir: str | os.PathLike[str], job: int, status: str, text: str) -> tuple[str, bool]:
+    """:func:`finish_job`, and whether this record is the one that completed the sweep: decided under
+    the same lock as the count, so of two jobs that end together exactly one prints the summary."""
     root = Path(sweep_dir)
     root.mkdir(parents=True, exist_ok=True)
     rec = {"job": int(job), "status": str(status), "line": str(text), "time": time.time()}
     with open(root / PROGRESS_FILE, "a+", encoding="utf-8") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # count and append as one step: parallel jobs get distinct k
         try:
+            was_complete = complete(root)
             fh.write(json.dumps(rec) + "\n")
             fh.flush()
             meta, last = _read(root)
@@ -99,7 +106,8 @@ def finish_job(sweep_dir: str | os.PathLike[str], job: int, status: str, text: s
             fcntl.flock(fh, fcntl.LOCK_UN)
     k = len(last)
     of = f" of {meta['jobs']}" if meta.get("jobs") else ""
-    return f"[{k}{of} done] #{job} {text}"
+    completed = not was_complete and bool(meta.get("jobs")) and k >= int(meta["jobs"])
+    return f"[{k}{of} done] #{job} {text}", completed
 
 
 def complete(sweep_dir: str | os.PathLike[str]) -> bool:
@@ -183,8 +191,9 @@ def _status(run_dir: Path, failed: bool) -> str:
 def _report(sweep_dir: str, job: int, status: str, text: str) -> None:
     """Record a job, print its line, and print the summary when it was the last job to report
     (so the summary also comes when a failed job ends the sweep before Hydra's own end)."""
-    print(finish_job(sweep_dir, job, status, text), flush=True)
-    if complete(sweep_dir):
+    line, completed = _finish(sweep_dir, job, status, text)
+    print(line, flush=True)
+    if completed:
         print(summary(sweep_dir), flush=True)
 
 

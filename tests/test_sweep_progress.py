@@ -187,3 +187,31 @@ def test_report_says_which_runs_an_empty_column_needs(tmp_path: Path) -> None:
     text = report.markdown
     assert "needs an attack=none run in the sweep" in text
     assert "needs a run of the mean rule" in text  # suppression and acc_drop_vs_mean compare with the mean
+
+
+def test_of_jobs_that_end_together_exactly_one_prints_the_summary(tmp_path: Path) -> None:
+    """Two parallel jobs ending together both saw the sweep complete after their own record and both printed
+    the summary (a failure under load): whether a record completes the sweep is decided under the count's lock."""
+    import contextlib
+    import io
+    import threading
+
+    for trial in range(5):
+        root = tmp_path / f"s{trial}"
+        sp.start(root, jobs=8)
+        out = io.StringIO()
+        gate = threading.Barrier(8)
+
+        def job(j: int) -> None:
+            gate.wait()
+            sp._report(str(root), j, "ok", f"job {j}")
+
+        with contextlib.redirect_stdout(out):
+            threads = [threading.Thread(target=job, args=(j,)) for j in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert out.getvalue().count("sweep finished:") == 1, out.getvalue()
+    line, completed = sp._finish(root, 3, "ok", "job 3 again")  # a re-run of a finished sweep's job
+    assert not completed and line.startswith("[8 of 8 done]")
