@@ -39,6 +39,22 @@ step ``crash.step`` (the existing ``crash`` / ``rejoin`` faults):
   from disk as a smaller group, and the lost worker's replacement joins them at a step boundary
   with the state of a live peer (:mod:`robustagg.launch.grow`).
 
+- ``shard_checkpoint``, ``shard_copy``, ``shard_parity``: sharded optimizer state
+  (``trainer.reduction=sharded``, ``trainer.state_sharding=optimizer``, ``optimizer=adam``) and
+  ``trainer.on_failure=shrink``; the lost rank's shard comes from the last commit (re-sliced, the
+  steps since it replayed), from a redundant copy (``trainer.shard_redundancy=2``) or from its
+  group's parity (``trainer.shard_parity=2``), :mod:`robustagg.training.shard_recovery`. Each is
+  compared with the same settings unfaulted (``step_ms`` there shows what keeping the copy or the
+  parity costs a step); ``rebuild_s`` and ``rebuild_bytes`` are the reconstruction's own time and
+  the bytes it read (the copy, or the parity and the group's other shards), ``steps_lost`` the
+  steps recomputed.
+
+**Memory** (``memory.csv``, :data:`MEMORY_COLUMNS`; ``memory.enabled``): optimizer-state bytes per
+rank against the world size for the model ``memory.target`` and Adam, unsharded, sharded,
+sharded with a copy (``k = 2``) and with a parity (``g = 2``): the largest rank's own shard, the
+copies it keeps and the parity blocks it holds, measured on real
+:class:`~robustagg.training.state_sharding.OptimizerShard` objects after one step.
+
 Every time comes from the run's own records (:func:`timeline`), all ``time.time()`` of one machine.
 One row per restore source (``restore_source``: ``disk``, ``live-peer``; ``peer-memory`` is the
 place for an in-memory copy on a peer, not built yet).
@@ -76,8 +92,11 @@ OVERHEAD_COLUMNS = ["model", "d", "n", "every", "saves", "state_mb", "step_ms", 
                     "measured_pct", "snapshot_ms", "serialise_ms", "write_fsync_ms", "commit_ms", "other_ms",
                     "timed_steps", "load1", "note"]
 RECOVERY_COLUMNS = ["case", "repeat", "on_failure", "restore_source", "n", "n_after", "steps", "every", "crash_step",
-                    "committed_step", "steps_lost", "detect_s", "recorded_s", "respawn_s", "restore_s", "regroup_s",
-                    "back_s", "step_ms", "wall_s", "wall_unfaulted_s", "wall_extra_s", "load1", "note"]
+                    "committed_step", "steps_lost", "detect_s", "recorded_s", "respawn_s", "rebuild_s", "rebuild_bytes",
+                    "restore_s", "regroup_s", "back_s", "step_ms", "wall_s", "wall_unfaulted_s", "wall_extra_s", "load1",
+                    "note"]
+MEMORY_COLUMNS = ["model", "d", "world", "state", "own_bytes", "held_bytes", "total_bytes", "fraction_of_unsharded",
+                  "held_bytes_all_ranks"]
 #: The pieces of one save timed by :class:`SaveSplit` (ms), in the order they happen.
 PIECES = ["snapshot_ms", "serialise_ms", "write_fsync_ms", "commit_ms", "other_ms"]
 #: Where a restore's state comes from (the ``restore_source`` column).
@@ -286,6 +305,14 @@ def timeline(run_dir: Path, ckpt_dir: Optional[Path] = None) -> list[dict[str, A
             "detect_s": _minus(min(notice), t_kill) if notice else math.nan,
             "recorded_s": _minus(det.get("time"), t_kill), "respawn_s": _minus(started, det.get("time")),
             "restore_s": rest.get("restore_s", math.nan), "back_s": _minus(rest.get("time"), t_kill)}
+    rebuilt = _first(lineage, event="shard_recovery", attempt=attempt)
+    if rebuilt is not None:
+        if rebuilt.get("fallback"):
+            disk["note"] = "shard not rebuilt: " + "; ".join(rebuilt["fallback"])
+        else:
+            disk.update(restore_source=f"disk + {rebuilt.get('source')}", rebuild_s=rebuilt.get("seconds", math.nan),
+                        rebuild_bytes=rebuilt.get("bytes_read", math.nan),
+                        note="; ".join(f"slice {k} from {v}" for k, v in (rebuilt.get("sources") or {}).items()))
     rows = [disk]
     grow = _first(lineage, event="grow")
     if grow is not None:
@@ -323,7 +350,17 @@ def _case_overrides(c: DictConfig, case: str) -> list[str]:
                 f"faults.rejoin.seconds={float(c.rejoin_after_s)}", f"faults.rejoin.join_step={join}",
                 "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.peer_copy=true",
                 "trainer.checkpoint.keep=1", "trainer.max_restarts=1"]
-    raise ValueError(f"crash.cases: unknown case {case!r}; use restart, rejoin and/or rejoin_peer_memory.")
+    sharded = ["trainer.reduction=sharded", "trainer.state_sharding=optimizer", "optimizer=adam",
+               "trainer.on_failure=shrink", "trainer.max_restarts=1"]
+    second = {"checkpoint": [], "copy": ["trainer.shard_redundancy=2"], "parity": ["trainer.shard_parity=2"]}
+    for name, more in second.items():
+        if case == f"unfaulted-shard_{name}":
+            return [*base, *sharded, *more]
+        if case == f"shard_{name}":
+            return [*base, *sharded, *more, "faults=[crash]", f"faults.crash.rank={rank}", f"faults.crash.step={step}",
+                    "faults.crash.where=before_step"]
+    raise ValueError(f"crash.cases: unknown case {case!r}; use restart, rejoin, rejoin_peer_memory, shard_checkpoint, "
+                     "shard_copy and/or shard_parity.")
 
 
 def _run(c: DictConfig, case: str, run_dir: Path) -> float:
@@ -350,9 +387,13 @@ def _step_ms(run_dir: Path) -> float:
 
 
 #: The unfaulted run each case is compared with: the same settings without the fault.
-_REFERENCE = {"restart": "unfaulted", "rejoin": "unfaulted-shrink", "rejoin_peer_memory": "unfaulted-shrink"}
+_REFERENCE = {"restart": "unfaulted", "rejoin": "unfaulted-shrink", "rejoin_peer_memory": "unfaulted-shrink",
+              "shard_checkpoint": "unfaulted-shard_checkpoint", "shard_copy": "unfaulted-shard_copy",
+              "shard_parity": "unfaulted-shard_parity"}
 _HOW = {"unfaulted": "restart", "restart": "restart", "unfaulted-shrink": "shrink + rejoin",
-        "rejoin": "shrink + rejoin", "rejoin_peer_memory": "shrink + rejoin + peer_copy"}
+        "rejoin": "shrink + rejoin", "rejoin_peer_memory": "shrink + rejoin + peer_copy",
+        **{f"{pre}shard_{name}": f"shrink, sharded state{how}" for pre in ("", "unfaulted-")
+           for name, how in (("checkpoint", ""), ("copy", ", k=2 copies"), ("parity", ", g=2 parity"))}}
 
 
 def recovery_rows(cfg: DictConfig, out: Path) -> list[dict[str, Any]]:
@@ -414,6 +455,84 @@ def medians(rec: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).reindex(columns=rec.columns)
 
 
+def memory_rows(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Optimizer-state bytes per rank against the world size (:data:`MEMORY_COLUMNS`).
+
+    The model ``memory.target`` (a class path, built with ``memory.kwargs``) with Adam, one step of a random aggregate on
+    real :class:`~robustagg.training.state_sharding.OptimizerShard` objects (their state only:
+    no process group is needed for it). Per world size and state layout, the rank that holds the
+    most: ``own_bytes`` (its shard; unsharded: the whole state), ``held_bytes`` (the copies of
+    the ``k - 1`` preceding slices, or the parity blocks it keeps: one block per group it holds,
+    as wide as the widest slice's state bytes), ``fraction_of_unsharded`` of the total;
+    ``held_bytes_all_ranks``: what every rank together keeps beyond its own shard (a copy costs
+    every rank ``k - 1`` slices; a parity costs one slice per group, on its holder alone).
+    """
+    from hydra.utils import instantiate
+
+    from robustagg.distributed.sharded import shard_bounds
+    from robustagg.training.shard_recovery import held_slices, parity_groups, parity_holder
+    from robustagg.training.state_sharding import OptimizerShard, optimizer_state_bytes, shard_bytes
+
+    m = cfg.memory
+    torch.manual_seed(0)
+    model = instantiate({"_target_": str(m.target), **OmegaConf.to_container(m.kwargs)})
+    params = [p for p in model.parameters() if p.requires_grad]
+    d = sum(p.numel() for p in params)
+    agg = torch.randn(d, generator=torch.Generator().manual_seed(0))
+    whole = torch.optim.Adam(params, lr=1e-3)
+    for p, g in zip(params, torch.split(agg, [p.numel() for p in params])):
+        p.grad = g.view_as(p).clone()
+    whole.step()
+    unsharded = optimizer_state_bytes(whole)
+    whole.state.clear()
+    name = str(m.name)
+    rows = [{"model": name, "d": d, "world": 1, "state": "unsharded", "own_bytes": unsharded, "held_bytes": 0,
+             "total_bytes": unsharded, "fraction_of_unsharded": 1.0, "held_bytes_all_ranks": 0}]
+    for world in (int(w) for w in m.worlds):
+        bounds = shard_bounds(d, world)
+        shards = [OptimizerShard(whole, params, bounds, r) for r in range(world)]
+        for sh in shards:
+            sh.local_step(agg)
+        own = [sh.state_bytes() for sh in shards]
+        width = max(shard_bytes(sh.export(copy=False)).numel() for sh in shards)
+        layouts = {"sharded": [0] * world,
+                   "sharded + copy (k=2)": [sum(own[s] for s in held_slices(r, world, 2)) for r in range(world)]}
+        for g in sorted({2, world // 2}):
+            groups = parity_groups(world, g)
+            if g >= 2 and len(groups) >= 2:
+                layouts[f"sharded + parity (g={g})"] = [width * sum(1 for j in range(len(groups))
+                                                                    if parity_holder(j, world, g) == r)
+                                                        for r in range(world)]
+        for label, held in layouts.items():
+            r = max(range(world), key=lambda i: own[i] + held[i])
+            rows.append({"model": name, "d": d, "world": world, "state": label, "own_bytes": own[r],
+                         "held_bytes": held[r], "total_bytes": own[r] + held[r],
+                         "fraction_of_unsharded": (own[r] + held[r]) / unsharded, "held_bytes_all_ranks": sum(held)})
+    return rows
+
+
+def shard_tables(folder: Path) -> tuple[str, str]:
+    """The two Markdown tables ``docs/state-sharding.md`` quotes, from a run's ``recovery_median.csv``
+    and ``memory.csv`` in ``folder`` (the sharded-state cases and the memory table)."""
+    med = pd.read_csv(Path(folder) / "recovery_median.csv")
+    med = med[med["case"].astype(str).str.startswith("shard_")]
+    lines = ["| case | state from | steps recomputed | detect s | respawn s | rebuild s | bytes read | restore s "
+             "| back s (kill to training) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in med.to_dict("records"):
+        lines.append(f"| {r['case']} | {r['restore_source']} (step {_fmt(r['committed_step'])}) | {_fmt(r['steps_lost'])} "
+                     f"| {r['detect_s']:.3f} | {r['respawn_s']:.3f} | "
+                     f"{'—' if pd.isna(r['rebuild_s']) else format(r['rebuild_s'], '.3f')} | "
+                     f"{'—' if pd.isna(r['rebuild_bytes']) else format(int(r['rebuild_bytes']), ',')} | "
+                     f"{r['restore_s']:.3f} | {r['back_s']:.3f} |")
+    mem = pd.read_csv(Path(folder) / "memory.csv")
+    rows = ["| world | state | own bytes | held bytes | total | of unsharded | held, all ranks |",
+            "|---|---|---|---|---|---|---|"]
+    for r in mem.to_dict("records"):
+        rows.append(f"| {r['world']} | {r['state']} | {int(r['own_bytes']):,} | {int(r['held_bytes']):,} | "
+                    f"{int(r['total_bytes']):,} | {r['fraction_of_unsharded']:.3f} | {int(r['held_bytes_all_ranks']):,} |")
+    return "\n".join(lines), "\n".join(rows)
+
+
 # --- the app ------------------------------------------------------------------------------------------
 def overhead_intervals(o: DictConfig) -> list[int]:
     """The checkpoint intervals of ``overhead.every`` (steps; 0 = off).
@@ -459,8 +578,9 @@ def check_settings(cfg: DictConfig) -> None:
                 validate(compose(_case_overrides(c, case)), out_dir=str(Path(tmp) / case))
 
 
-def run_bench(cfg: DictConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run ``cfg``: ``(overhead table (OVERHEAD_COLUMNS), recovery table (RECOVERY_COLUMNS))``."""
+def run_bench(cfg: DictConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Run ``cfg``: ``(overhead table (OVERHEAD_COLUMNS), recovery table (RECOVERY_COLUMNS), memory
+    table (MEMORY_COLUMNS))``."""
     import warnings
 
     warnings.simplefilter("ignore")  # the mean's "f >= 1 declared" advisory and friends
@@ -473,7 +593,9 @@ def run_bench(cfg: DictConfig, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     check_settings(cfg)
     over = overhead_rows(cfg, out) if cfg.overhead.enabled else []
     rec = recovery_rows(cfg, out) if cfg.crash.enabled else []
-    return pd.DataFrame(over).reindex(columns=OVERHEAD_COLUMNS), pd.DataFrame(rec).reindex(columns=RECOVERY_COLUMNS)
+    mem = memory_rows(cfg) if cfg.memory.enabled else []
+    return (pd.DataFrame(over).reindex(columns=OVERHEAD_COLUMNS), pd.DataFrame(rec).reindex(columns=RECOVERY_COLUMNS),
+            pd.DataFrame(mem).reindex(columns=MEMORY_COLUMNS))
 
 
 def _fmt(v: Any) -> str:
@@ -486,7 +608,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _print(over: pd.DataFrame, rec: pd.DataFrame) -> None:
+def _print(over: pd.DataFrame, rec: pd.DataFrame, mem: Optional[pd.DataFrame] = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -498,7 +620,10 @@ def _print(over: pd.DataFrame, rec: pd.DataFrame) -> None:
              "measured_pct: (step+save at k - step at k=0) / step at k=0"),
             ("recovery after a SIGKILL (median over `repeat` rounds)", rec,
              "seconds from the kill: detect (first survivor's evidence), recorded (launcher), back (can train again); "
-             "respawn: detection -> restore start; restore: disk verify+load or live-peer transfer+verify")):
+             "respawn: detection -> restore start; restore: disk verify+load or live-peer transfer+verify; "
+             "rebuild: a lost optimizer-state shard from a copy or a parity"),
+            ("optimizer-state bytes per rank (the largest rank)", mem if mem is not None else pd.DataFrame(),
+             "own: its shard (unsharded: the whole state); held: copies of other slices or parity blocks")):
         if not len(table):
             continue
         out = Table(title=f"{title} ({machine()}; load average {load})", caption=caption)
@@ -520,17 +645,18 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[assignment]
     try:
-        over, rec = run_bench(cfg, out_dir)
+        over, rec, mem = run_bench(cfg, out_dir)
     except (ValueError, ConfigError, AssumptionError) as exc:  # a bad setting: one line, before any run (check_settings)
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     med = medians(rec)
-    _print(over, med)
+    _print(over, med, mem)
     write_csv(over, out_dir / str(cfg.overhead_csv))
     write_csv(rec, out_dir / str(cfg.recovery_csv))
     write_csv(med, out_dir / str(cfg.recovery_median_csv))
-    print(f"wrote {out_dir / str(cfg.overhead_csv)}, {out_dir / str(cfg.recovery_csv)} (every round) and "
-          f"{out_dir / str(cfg.recovery_median_csv)} (medians, as printed)")
+    write_csv(mem, out_dir / str(cfg.memory_csv))
+    print(f"wrote {out_dir / str(cfg.overhead_csv)}, {out_dir / str(cfg.recovery_csv)} (every round), "
+          f"{out_dir / str(cfg.recovery_median_csv)} (medians, as printed) and {out_dir / str(cfg.memory_csv)}")
 
 
 if __name__ == "__main__":

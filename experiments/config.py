@@ -334,6 +334,9 @@ class TrainerConf:
             disagreement, ``continue`` with or ``exclude`` a named rank (needs ``on_failure=shrink``).
         state_sharding: ``none`` or ``optimizer`` (each process owns its slice's optimizer state,
             :mod:`robustagg.training.state_sharding`; processes mode, ``reduction=sharded``).
+        shard_redundancy, shard_parity: a second source of each slice's state for the survivors of
+            a shrink: ``k`` holders per slice, or an XOR parity per group of ``g`` slices
+            (:mod:`robustagg.training.shard_recovery`).
     """
 
     mode: Mode = Mode.processes
@@ -382,6 +385,8 @@ class TrainerConf:
     on_aggregate_mismatch: str = "abort"
     on_lying_aggregator: str = "continue"
     state_sharding: str = "none"
+    shard_redundancy: int = 1
+    shard_parity: int = 0
 
 
 @dataclass

@@ -235,7 +235,8 @@ SETTING_KEYS: dict[str, str] = {
                                    "resume_changes", "max_restarts", "on_failure", "shrink_shards", "straggler_factor",
                                    "processes", "measure_bias", "precision", "rejoin", "peer_copy",
                                    "membership", "batched_gradients", "aggregator_replicas", "lying_aggregators",
-                                   "on_aggregate_mismatch", "on_lying_aggregator", "state_sharding")},
+                                   "on_aggregate_mismatch", "on_lying_aggregator", "state_sharding",
+                                   "shard_redundancy", "shard_parity")},
     "seed": "seed", "checkpoint_every": "trainer.checkpoint.every", "checkpoint_keep": "trainer.checkpoint.keep",
     "ckpt_dir": "trainer.checkpoint.dir", "logger": "logger",
 }
@@ -341,7 +342,8 @@ class Plan:
             membership=OmegaConf.to_container(tr.membership, resolve=True) if tr.membership else [],
             aggregator_replicas=int(tr.aggregator_replicas), lying_aggregators=int(tr.lying_aggregators),
             on_aggregate_mismatch=str(tr.on_aggregate_mismatch), on_lying_aggregator=str(tr.on_lying_aggregator),
-            state_sharding=str(tr.state_sharding), logger=self.logger(), key_names=SETTING_KEYS)
+            state_sharding=str(tr.state_sharding), shard_redundancy=int(tr.shard_redundancy),
+            shard_parity=int(tr.shard_parity), logger=self.logger(), key_names=SETTING_KEYS)
         meta = {"rule": self.rule_name, "attack": self.attack_name, "data": self.data.name,
                 "partition": self.data.partition, "worker_sizes": self.data.sizes(),
                 "label_skew": self.data.label_skew(), "code_revision": self.code_revision}

@@ -403,7 +403,8 @@ class _Signals:
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, start_method: str = "spawn",
           grace_seconds: float = 2.0, preload: Sequence[str] = (), forward_signals: bool = True,
-          stop_timeout: Optional[float] = None, members: Optional[int] = None) -> None:
+          stop_timeout: Optional[float] = None, members: Optional[int] = None,
+          on_failure: Optional[Callable[[], None]] = None) -> None:
     """Run ``fn(rank, *args)`` in ``nprocs`` fresh processes and wait for all of them.
 
     Call-order contract: ``fn`` must be importable by name (a module-level function) and must set
@@ -439,6 +440,8 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, st
             all of them). The others are replacements waiting to join it: one that was admitted
             stops with the group (same step); one that was not returns without a stop and takes
             no part in the agreement.
+        on_failure: called once when the first failure is seen, before the survivors' grace
+            period (the sharded-state rescue request, :mod:`~robustagg.training.shard_recovery`).
 
     Raises:
         WorkerFailedError: a worker raised or died; the message names the rank that failed first,
@@ -459,14 +462,14 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, st
         procs = list(ctx.processes)
         try:
             _supervise(procs, Path(failure_dir), beats, sig, float(grace_seconds), stop_timeout,
-                       len(procs) if members is None else int(members))
+                       len(procs) if members is None else int(members), on_failure)
         finally:  # whatever ends the supervision (also an exception in this process), no worker outlives it
             if any(p.is_alive() and _exists(p.pid) for p in procs):
                 _stop_now(procs, Path(failure_dir), float(grace_seconds))
 
 
 def _supervise(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, sig: _Signals, grace: float,
-               stop_timeout: Optional[float], members: int) -> None:
+               stop_timeout: Optional[float], members: int, on_failure: Optional[Callable[[], None]] = None) -> None:
     """Wait for the workers; on a failure or a stop request, stop them and raise (the stop must be
     agreed by the first ``members`` processes and by every other one that reports a stop)."""
     forwarded: Optional[float] = None
@@ -474,6 +477,8 @@ def _supervise(procs: list[Any], failure_dir: Path, beats: lifeline.Heartbeats, 
         codes = _exit_codes(procs)
         failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
         if failed:
+            if on_failure is not None:
+                on_failure()
             err = _teardown(procs, failure_dir, beats, grace, first=failed[0])
             if sig.signum:
                 raise Interrupted(None, signum=sig.signum,

@@ -108,6 +108,11 @@ class RunSettings:
             all-gathered after (:mod:`~robustagg.training.state_sharding`; needs
             ``mode=processes``, ``reduction=sharded``, one worker per process, an elementwise
             optimizer, protocol ``dsgd``; not with ``rejoin``).
+        shard_redundancy: ``k``: with ``state_sharding=optimizer``, each slice's state is also
+            held by the next ``k - 1`` ranks (1: no copies); shard_parity: ``g``: an XOR parity
+            of every group of ``g`` slices (0: none). Either lets the survivors of a shrink
+            rebuild a lost rank's shard without replaying steps; needs ``on_failure=shrink``
+            (:mod:`~robustagg.training.shard_recovery`).
         aggregator_replicas: ``r_a``, ranks that compute each coordinate slice of the aggregate
             (``reduction=sharded``; 1: each slice once, not cross-checked).
         lying_aggregators: ``f_a``, the declared number of lying aggregator ranks; the requirement
@@ -170,6 +175,10 @@ class RunSettings:
     on_aggregate_mismatch: str = "abort"
     on_lying_aggregator: str = "continue"
     state_sharding: str = "none"
+    shard_redundancy: int = field(default=1, metadata=limit(1, None, "ranks that hold each slice's optimizer state",
+                                                            integer=True))
+    shard_parity: int = field(default=0, metadata=limit(0, None, "slices per parity group (0: no parity)",
+                                                        integer=True))
     membership: list[Any] = field(default_factory=list)
     logger: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     key_names: dict[str, str] = field(default_factory=dict)
@@ -228,6 +237,14 @@ class RunSettings:
                                   f"cannot join a sharded group yet "
                                   f"({self.key('rejoin')}=false; a shrink re-slices the state from the last commit); "
                                   f"got {', '.join(wrong)}.")
+        if int(self.shard_redundancy) != 1 or int(self.shard_parity) != 0:
+            which = (f"{self.key('shard_redundancy')}={self.shard_redundancy}" if int(self.shard_redundancy) != 1
+                     else f"{self.key('shard_parity')}={self.shard_parity}")
+            if self.state_sharding != "optimizer" or self.on_failure != "shrink":
+                raise ConfigError(f"{which} keeps a second source of each rank's optimizer-state shard for the "
+                                  f"survivors of a shrink: it needs {self.key('state_sharding')}=optimizer and "
+                                  f"{self.key('on_failure')}=shrink; got state_sharding={self.state_sharding}, "
+                                  f"on_failure={self.on_failure}.")
         if self.peer_copy and not self.rejoin:
             raise ConfigError(f"{self.key('peer_copy')}=true keeps the lost workers' own state for their replacements: "
                               f"it needs {self.key('rejoin')}=true (and {self.key('on_failure')}=shrink).")
@@ -380,6 +397,12 @@ class Job:
         if self.settings.membership:  # worker ids and "one must remain" need n: checked here, before launch
             self._check_schedule()
         self.aggregator_requirement()  # no trusted aggregator: r_a against f_a, before any process starts
+        s = self.settings
+        if int(s.shard_redundancy) != 1 or int(s.shard_parity) != 0:  # k and g against the world, before launch
+            from ..training.shard_recovery import check_protection
+
+            check_protection(self.n, int(s.shard_redundancy), int(s.shard_parity),
+                             key={"k": s.key("shard_redundancy"), "g": s.key("shard_parity")})
         for fault in self.faults:  # a grow boundary the run never reaches: the replacement would never join
             if int(fault.join_step) >= int(self.settings.steps) > 0:
                 raise ConfigError(f"fault {fault.id}: join_step={fault.join_step} is not before the run's last step "
@@ -593,6 +616,9 @@ def shrink_job(job: Job, lost: Sequence[int], *, reason: str = "") -> tuple[Job,
     settings = job.settings  # trainer.processes=n means one process per worker: it stays that after a shrink
     if int(settings.processes) == old_n:
         settings = dataclasses.replace(settings, processes=0)
+    protection = _protection_after(settings, new_n)
+    if protection is not None:
+        settings = dataclasses.replace(settings, shard_redundancy=protection["k"], shard_parity=protection["g"])
     new = dataclasses.replace(job, n=new_n, identities=survivors, byzantine_ids=byz, extra_data=extra,
                               settings=settings, violations=job.violations + list(violations),
                               assumption_violated=job.assumption_violated or bool(violations))
@@ -602,7 +628,24 @@ def shrink_job(job: Job, lost: Sequence[int], *, reason: str = "") -> tuple[Job,
               "normalisation": f"mean over the {new_n} survivors", "effective_batch": [old_n * b, new_n * b],
               "lr_rule": "unchanged", "violations": list(violations), "reason": reason,
               "shard_sizes": new.shard_sizes()}
+    if protection is not None:
+        record["shard_protection"] = protection
     return new, record
+
+
+def _protection_after(settings: RunSettings, n: int) -> Optional[dict[str, Any]]:
+    """The shard redundancy and parity the n survivors can keep (``None``: neither is on).
+
+    ``k`` becomes ``min(k, n)``; a parity group size that leaves fewer than two groups is turned
+    off (its parity would have to live inside its own group). ``note`` says what changed."""
+    k, g = int(settings.shard_redundancy), int(settings.shard_parity)
+    if k == 1 and g == 0:
+        return None
+    k2 = min(k, n)
+    g2 = g if g and -(-n // g) >= 2 else 0
+    note = "unchanged" if (k2, g2) == (k, g) else (
+        f"shard_redundancy {k} -> {k2}" if k2 != k else f"shard_parity {g} -> off: {n} slices make one group of {g}")
+    return {"k": k2, "g": g2, "note": note}
 
 
 def grow_job(job: Job, joined: Sequence[int], *, byzantine: Sequence[int] = (), reason: str = ""

@@ -32,7 +32,7 @@ import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -333,7 +333,8 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
             spawn(spawned_entry, job.processes() + len(attempt.joiners), args=(job, f"tcp://{addr}:{port}", attempt),
                   start_method=method, preload=("torch", "torch._dynamo", "robustagg.launch.supervisor"),
                   grace_seconds=2.0 if members is None else _QUORUM_GRACE_S,
-                  members=job.processes())  # the joiners (after them) vote on a stop only once admitted
+                  members=job.processes(),  # the joiners (after them) vote on a stop only once admitted
+                  on_failure=_rescue_request(job, attempt))
             break
         except WorkerFailedError as exc:
             hosts = job.hosts() or tuple(range(job.n))
@@ -371,12 +372,15 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
                 if s.rejoin:
                     joiners = [{"worker": int(w), "byzantine": int(w) in job.byzantine_ids,
                                 **_rejoin_timing(job, int(w))} for w in lost]
+                before = job
                 try:
                     job, shrink = shrink_job(job, lost, reason=reason)
                 except Exception as refused:
                     CheckpointStore(Path(job.ckpt_dir)).append_lineage(
                         {"event": "shrink_refused", "old_n": job.n, "lost_workers": lost, "reason": str(refused)})
                     raise
+                if shrink is not None and _protected(before):
+                    shrink["state_from"] = _rebuild_lost_shards(before, attempt, lost, last)
                 if shrink is not None and change is not None:
                     shrink["membership"] = change
             attempt = Attempt(number=attempt.number + 1, reason=reason, resume="auto", fallback=explicit,
@@ -384,6 +388,47 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
                               membership=None if change is None else dict(attempt.membership or {},
                                                                            epoch=change["epoch"][1]))
     return dict(json.loads((out / "summary.json").read_text()))
+
+
+def _protected(job: Job) -> bool:
+    """Whether the job keeps a second source of its sharded optimizer state (copies or parity)."""
+    return int(job.settings.shard_redundancy) != 1 or int(job.settings.shard_parity) != 0
+
+
+def _rescue_request(job: Job, attempt: Attempt) -> Optional[Callable[[], None]]:
+    """What the launcher does when it first sees a worker fail: with copies or parity of the sharded
+    state, ask every survivor for its snapshots (:mod:`~robustagg.training.shard_recovery`)."""
+    if not _protected(job):
+        return None
+    from ..training.shard_recovery import rescue_folder
+
+    def request() -> None:
+        folder = rescue_folder(job.ckpt_dir, attempt.number)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".requested").touch()
+    return request
+
+
+def _rebuild_lost_shards(job: Job, attempt: Attempt, lost: Sequence[int], last: Optional[int]) -> str:
+    """Rebuild the lost ranks' optimizer-state shards from the survivors' rescue files as a commit
+    of their common step, or record why not (the restart then restores the last commit and replays).
+
+    Returns:
+        The lineage's ``state_from`` sentence of the shrink.
+    """
+    from ..training.shard_recovery import recover
+
+    ranks = sorted(job.identities.index(int(w)) for w in lost if int(w) in job.identities)
+    rec = recover(job.ckpt_dir, attempt.number, ranks, last_step=last)
+    if rec.get("fallback"):
+        log.warning("the lost shard(s) %s cannot be rebuilt without replay: %s; restoring the last commit",
+                    ranks, "; ".join(rec["fallback"]))
+        return "disk: the newest committed checkpoint (shard reconstruction refused: " + "; ".join(rec["fallback"]) + ")"
+    if not rec["written"].startswith("step-"):
+        return f"disk: the commit of step {rec['step']}, the failure's boundary (nothing to rebuild)"
+    log.warning("rebuilt the optimizer-state shard(s) of rank(s) %s at step %d from %s", ranks, rec["step"],
+                ", ".join(rec["sources"].values()))
+    return f"rebuilt at step {rec['step']}: " + "; ".join(f"slice {k} from {v}" for k, v in rec["sources"].items())
 
 
 def _named_liars(job: Job, out: Path, attempt: int) -> list[int]:

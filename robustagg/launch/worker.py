@@ -10,6 +10,7 @@ every rank that is still alive writes ``evidence/rank-<r>.json`` before it re-ra
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl, sha256_bytes
+from ..checkpoint import CheckpointStore, append_jsonl, read_jsonl, save_state, sha256_bytes
 from ..distributed import Communicator, LocalComm, ProcessGroupComm, ShardedReduction, make_reduction
 from ..distributed.vote import AggregatorCheck
 from ..errors import AssumptionWarning, CheckpointError, ConfigError, Interrupted, QuorumLostError
@@ -122,7 +123,8 @@ def _make_trainer(job: Job, comm: Communicator, device: torch.device, attempt: A
                       worker_momentum=float(s.worker_momentum), byzantine=parts.byzantine, metrics=bool(s.metrics),
                       identities=ids, injector=injector, measure_bias=bool(s.measure_bias),
                       precision=str(s.precision), batched_gradients=batched,
-                      state_sharding=str(s.state_sharding), **extra)
+                      state_sharding=str(s.state_sharding), shard_redundancy=int(s.shard_redundancy),
+                      shard_parity=int(s.shard_parity), **extra)
     return parts, trainer, injector
 
 
@@ -197,19 +199,68 @@ def _checkpointer(job: Job, attempt: Attempt, store: Optional[CheckpointStore], 
     s = job.settings
     if store is None or int(s.checkpoint_every) <= 0:
         return None
-    roles = {str(r): ("byzantine" if r in job.byzantine_ranks else "honest") for r in range(job.n)}
-    meta = {"run_id": job.run_id, "mode": s.mode, "roles": roles, "fingerprint": job.fingerprint,
-            "config_hash": _fp_hash(job), "code_revision": job.meta.get("code_revision", ""),
-            "restart_count": attempt.number, "identities": list(job.identities)}
+    meta = _checkpoint_meta(job, attempt, membership, absent)
     guard = None
     if membership is not None:
-        epoch = int(membership[1])
-        meta["membership_epoch"] = epoch
-        guard = (lambda step, ms=membership[0], e=epoch: ms.claim_commit(e, step))
+        guard = (lambda step, ms=membership[0], e=int(membership[1]): ms.claim_commit(e, step))
+    return Checkpointer(store, every=int(s.checkpoint_every), meta=meta, injector=injector, parent=parent, guard=guard)
+
+
+def _checkpoint_meta(job: Job, attempt: Attempt, membership: Optional[tuple[Membership, int]],
+                     absent: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The manifest fields every checkpoint of this job carries (a rescue commit's too)."""
+    roles = {str(r): ("byzantine" if r in job.byzantine_ranks else "honest") for r in range(job.n)}
+    meta = {"run_id": job.run_id, "mode": job.settings.mode, "roles": roles, "fingerprint": job.fingerprint,
+            "config_hash": _fp_hash(job), "code_revision": job.meta.get("code_revision", ""),
+            "restart_count": attempt.number, "identities": list(job.identities)}
+    if membership is not None:
+        meta["membership_epoch"] = int(membership[1])
     absent = {w: r for w, r in (absent or {}).items() if int(w) not in job.identities}
     if absent:  # trainer.peer_copy: the committed record of every absent worker's own state travels on
         meta["absent_parts"] = absent
-    return Checkpointer(store, every=int(s.checkpoint_every), meta=meta, injector=injector, parent=parent, guard=guard)
+    return meta
+
+
+class _Rescue:
+    """This rank's part of a sharded-state rescue (:mod:`~robustagg.training.shard_recovery`).
+
+    When the group fails, the rank writes its snapshots to ``rescue/attempt-<k>/rank-<r>.pt``:
+    from its own error handler, or from a watcher thread as soon as the launcher asks (the file
+    ``.requested`` appears in that folder), since a rank blocked in a collective with a dead peer
+    may never reach its handler before the launcher stops it. Written once, atomically.
+    """
+
+    def __init__(self, job: Job, attempt: Attempt, trainer: Trainer,
+                 membership: Optional[tuple[Membership, int]]) -> None:
+        from ..training.shard_recovery import rescue_folder
+
+        self.folder = rescue_folder(job.ckpt_dir, attempt.number)
+        self.trainer, self.meta = trainer, _checkpoint_meta(job, attempt, membership)
+        self.lock, self.done, self.stop = threading.Lock(), False, threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="shard-rescue", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.05):
+            if (self.folder / ".requested").exists():
+                self.write()
+                return
+
+    def write(self) -> None:
+        """Write this rank's rescue file (once; errors are logged, never raised)."""
+        with self.lock:
+            if self.done or self.trainer.protection is None:
+                return
+            self.done = True
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                save_state(self.folder / f"rank-{self.trainer.comm.rank}.pt",
+                           self.trainer.protection.payload(self.meta))
+            except Exception as exc:  # the failure being handled must surface, not this
+                log.warning("could not write the sharded-state rescue file: %s", exc)
+
+    def close(self) -> None:
+        self.stop.set()
 
 
 def _apply_allowed_changes(job: Job, trainer: Trainer, built: list[dict[str, Any]], manifest: dict[str, Any]) -> None:
@@ -278,6 +329,7 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
     def detect(rec: dict[str, Any]) -> None:
         append_jsonl(out / "detections.jsonl", {**rec, "attempt": attempt.number, "source": "in-run"})
 
+    rescue = _Rescue(job, attempt, trainer, membership) if trainer.protection is not None and joiner is None else None
     try:
         trainer.check_parameters()  # every rank starts from the same parameters (a joiner: the peer's)
         restored = Restored()
@@ -405,6 +457,8 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
                 except Exception as mark_exc:  # the stop must still be reported as a stop
                     log.warning("could not tell waiting replacements that the run stopped: %s", mark_exc)
             raise
+        if rescue is not None:
+            rescue.write()  # the snapshots a shrink can rebuild a lost rank's shard from
         decision, lost_quorum = _decide_membership(job, membership, injector, ids, trainer, exc)
         try:
             more = {} if decision is None else {"quorum": decision}
@@ -416,6 +470,8 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
             raise lost_quorum from exc
         raise
     finally:
+        if rescue is not None:
+            rescue.close()
         for sink in sinks:
             sink.close()
 

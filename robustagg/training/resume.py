@@ -90,6 +90,10 @@ def _identity_problems(part: Any, name: str, manifest: Mapping[str, Any]) -> lis
     if ident.get("run_id") != manifest.get("run_id"):
         problems.append(f"{where}: the file is from run {ident.get('run_id')!r}, the manifest from run "
                         f"{manifest.get('run_id')!r}")
+    if name in (manifest.get("reconstructed") or {}):  # a lost rank's shard a rescue rebuilt
+        if ident.get("kind") != "shard" or not isinstance(part.get("optimizer_shard"), dict):
+            problems.append(f"{where}: a {ident.get('kind')!r} file, not a rebuilt optimizer-state shard")
+        return problems
     if name == REPLICATED:
         if ident.get("kind") != "replicated":
             problems.append(f"{where}: a {ident.get('kind')!r} file, not the replicated state")
@@ -273,7 +277,9 @@ def _read_state(trainer: "Trainer", ck: Checkpoint, names: list[str]) -> dict[st
                 workers[int(wid)] = w
     replicated = {k: v for k, v in parts[REPLICATED].items() if k != IDENTITY}
     if replicated.get("optimizer_sharding"):  # every rank's shard: the new slicing may cut them otherwise
-        others = [f for f in (ck.manifest.get("hosts") or {}) if f not in parts]
+        # (and the shards a rescue rebuilt for lost ranks, robustagg.training.shard_recovery)
+        others = [f for f in [*(ck.manifest.get("hosts") or {}), *(ck.manifest.get("reconstructed") or {})]
+                  if f not in parts]
         more = {name: ck.load(name) for name in others}
         problems = [p for name, part in more.items() for p in _identity_problems(part, name, ck.manifest)]
         if problems:

@@ -32,6 +32,7 @@ parameters differ nowhere else), but it cannot say which state was wrong or repa
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -39,7 +40,8 @@ import torch.distributed as dist
 
 from ..errors import CheckpointError, ConfigError
 
-__all__ = ["ELEMENTWISE", "OptimizerShard", "state_for", "full_shard", "optimizer_state_bytes"]
+__all__ = ["ELEMENTWISE", "OptimizerShard", "state_for", "full_shard", "optimizer_state_bytes", "shard_bytes",
+           "shard_from_bytes"]
 
 #: Optimizers whose step is coordinate-wise given per-group scalars, so that a slice's step equals
 #: the full step on those coordinates.
@@ -121,13 +123,31 @@ class OptimizerShard:
         Raises:
             CollectiveError-like ``RuntimeError``: the all-gather failed (a peer died).
         """
+        self.local_step(aggregate)
+        self.gather()
+
+    def local_step(self, aggregate: torch.Tensor) -> None:
+        """The server step on this slice's state and parameter copies alone (no communication).
+
+        A redundant holder of another rank's slice (``trainer.shard_redundancy``) calls only this:
+        the same floating-point operations on the same inputs, so its copy stays bit-equal to the
+        owner's state. Shape: ``aggregate`` ``(d,)``.
+        """
         flat = aggregate.reshape(-1)
-        if self.local is not None:
-            for grp, g in zip(self.local.param_groups, self._groups):  # the scheduler drives the full one
-                grp.update({k: v for k, v in self.full.param_groups[g].items() if k != "params"})
-            for t, (i, lo, hi) in zip(self.tensors, self.pieces):
-                t.grad = flat[self.offsets[i] + lo:self.offsets[i] + hi].to(t.dtype).clone()
-            self.local.step()
+        if self.local is None:
+            return
+        for grp, g in zip(self.local.param_groups, self._groups):  # the scheduler drives the full one
+            grp.update({k: v for k, v in self.full.param_groups[g].items() if k != "params"})
+        for t, (i, lo, hi) in zip(self.tensors, self.pieces):
+            t.grad = flat[self.offsets[i] + lo:self.offsets[i] + hi].to(t.dtype).clone()
+        self.local.step()
+
+    def gather(self) -> None:
+        """All-gather every rank's updated slice into the full parameters (world 1: a copy).
+
+        Raises:
+            CollectiveError-like ``RuntimeError``: the all-gather failed (a peer died).
+        """
         mine = (torch.cat([t.detach() for t in self.tensors]) if self.tensors
                 else torch.empty(0, dtype=self.params[0].dtype))
         world = len(self.bounds)
@@ -143,6 +163,10 @@ class OptimizerShard:
         with torch.no_grad():
             for p, off in zip(self.params, self.offsets):
                 p.copy_(whole[off:off + p.numel()].view_as(p))
+
+    def state_bytes_view(self) -> torch.Tensor:
+        """This shard's optimizer state as one ``uint8`` vector in :func:`shard_bytes`' layout."""
+        return shard_bytes(self.export(copy=False))
 
     def state_bytes(self) -> int:
         """Bytes of this shard's optimizer state (:func:`optimizer_state_bytes`)."""
@@ -162,12 +186,14 @@ class OptimizerShard:
                 total += v.element_size() * (self.d if per_coord else v.numel() * len(self.params))
         return total
 
-    def export(self) -> dict[str, Any]:
-        """This shard for a checkpoint: ``{"d", "start", "end", "pieces": [{"param", "lo", "hi", "state"}]}``."""
+    def export(self, copy: bool = True) -> dict[str, Any]:
+        """This shard for a checkpoint: ``{"d", "start", "end", "pieces": [{"param", "lo", "hi", "state"}]}``
+        (``copy=False``: the live tensors, for a reader that does not keep them)."""
         states = [] if self.local is None else [self.local.state.get(t, {}) for t in self.tensors]
         return {"d": self.d, "start": self.start, "end": self.end,
                 "pieces": [{"param": i, "lo": lo, "hi": hi,
-                            "state": {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}}
+                            "state": {k: (v.clone() if copy and isinstance(v, torch.Tensor) else v)
+                                      for k, v in s.items()}}
                            for (i, lo, hi), s in zip(self.pieces, states or [{}] * len(self.pieces))]}
 
     def load(self, shards: Sequence[Mapping[str, Any]]) -> None:
@@ -265,3 +291,55 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.shape == b.shape and bool(torch.equal(a, b))
     return bool(a == b)
+
+
+def _value_bytes(v: Any) -> torch.Tensor:
+    if v is None:
+        return torch.empty(0, dtype=torch.uint8)
+    if not isinstance(v, torch.Tensor):
+        raise CheckpointError(f"optimizer state value {v!r} is not a tensor: it has no byte layout for parity.")
+    return v.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def shard_bytes(shard: Mapping[str, Any]) -> torch.Tensor:
+    """A shard's optimizer state as one ``uint8`` vector: piece by piece, each piece's state keys in
+    sorted order, each value's raw bytes (a per-coordinate tensor, a 0-d step counter; ``None``
+    adds nothing). The layout :func:`shard_from_bytes` reads back, given a template of the keys.
+
+    Raises:
+        CheckpointError: a state value is not a tensor (or ``None``).
+    """
+    parts = [_value_bytes(p["state"][k]) for p in shard["pieces"] for k in sorted(p["state"])]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+
+def shard_from_bytes(data: torch.Tensor, pieces: Sequence[tuple[int, int, int]], template: Mapping[int, Any],
+                     d: int, start: int, end: int) -> dict[str, Any]:
+    """The shard whose :func:`shard_bytes` are ``data`` (its first bytes; the rest is padding).
+
+    Args:
+        data: ``uint8`` bytes, at least as long as the shard's layout.
+        pieces: the shard's ``(param, lo, hi)`` (:func:`_pieces` of its range).
+        template: for each parameter index of ``pieces``, ``{key: (dtype, per_coordinate, shape)}``
+            taken from any piece of the same parameter group (``None`` dtype: a ``None`` value);
+            ``{}``: no state yet.
+        d, start, end: the shard's coordinates.
+
+    Raises:
+        CheckpointError: ``data`` is shorter than the layout needs.
+    """
+    at, out = 0, []
+    for i, lo, hi in pieces:
+        state: dict[str, Any] = {}
+        for key, (dtype, per_coord, shape) in sorted(template[i].items()):
+            if dtype is None:
+                state[key] = None
+                continue
+            shape = (hi - lo,) if per_coord else tuple(shape)
+            size = torch.empty(0, dtype=dtype).element_size() * (math.prod(shape) if shape else 1)
+            if at + size > data.numel():
+                raise CheckpointError(f"parity bytes end at {data.numel()}, the shard's layout needs {at + size}.")
+            state[key] = data[at:at + size].clone().view(dtype).reshape(shape)
+            at += size
+        out.append({"param": i, "lo": lo, "hi": hi, "state": state})
+    return {"d": d, "start": start, "end": end, "pieces": out}

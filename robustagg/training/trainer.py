@@ -58,6 +58,7 @@ from .precision import MAX_BACKOFFS, Precision, Retry, autocast, new_scaler, par
 from .sampler import ShardSampler, mix_seed
 from .schedules import restore_schedule
 from .state import capture_rng, restore_rng
+from .shard_recovery import ShardProtection
 from .state_sharding import OptimizerShard, full_shard, state_for
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -214,6 +215,12 @@ class Trainer:
             (:class:`~robustagg.training.state_sharding.OptimizerShard`; bit-identical parameters).
             Needs a process group with one worker per process, protocol ``dsgd``, an optimizer of
             :data:`~robustagg.training.state_sharding.ELEMENTWISE` over every trainable parameter.
+        shard_redundancy: ``k``: with ``state_sharding="optimizer"``, every slice's state is also
+            held by the next ``k - 1`` ranks, which apply the same step to it (1: no copies);
+            ``shard_parity``: ``g``: an XOR parity of every group of ``g`` slices is kept on a
+            rank outside the group (0: none). Either one snapshots the state at every step's
+            start, so that survivors can rebuild a lost rank's shard without replaying steps
+            (:mod:`~robustagg.training.shard_recovery`).
 
     Raises:
         ConfigError: hosted workers and shards differ, Byzantine ranks out of range, every worker
@@ -223,7 +230,9 @@ class Trainer:
             or ``batched_gradients=True`` with a model, protocol or precision that
             :func:`~robustagg.training.batched.check_batchable` refuses, or ``batched_gradients``
             other than ``True``, ``False``, ``"auto"`` (or their strings), or ``state_sharding``
-            unknown or outside its needs (above).
+            unknown or outside its needs (above), or ``shard_redundancy``/``shard_parity`` without
+            sharded state or beyond the world size
+            (:func:`~robustagg.training.shard_recovery.check_protection`).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduction: Reduction,
@@ -234,7 +243,7 @@ class Trainer:
                  batch_loss: Optional[Callable[[nn.Module, Any], torch.Tensor]] = None,
                  root: Optional[Shard] = None, protocol: Optional["Protocol"] = None,
                  measure_bias: bool = False, precision: Any = "32", batched_gradients: Union[bool, str] = False,
-                 state_sharding: str = "none") -> None:
+                 state_sharding: str = "none", shard_redundancy: int = 1, shard_parity: int = 0) -> None:
         self.comm = reduction.comm
         self.root, self.seed = root, int(seed)
         if sorted(shards) != list(self.comm.local_ranks):
@@ -270,6 +279,13 @@ class Trainer:
         self.batch_loss = batch_loss
         #: this process's slice of the optimizer state (``state_sharding="optimizer"``), else ``None``.
         self.optimizer_shard: Optional[OptimizerShard] = self._shard_optimizer(str(state_sharding), protocol)
+        #: the copies or parity this rank keeps of the sharded state, and its snapshots (else ``None``).
+        self.protection: Optional[ShardProtection] = None
+        if int(shard_redundancy) != 1 or int(shard_parity) != 0:
+            if self.optimizer_shard is None:
+                raise ConfigError(f"shard_redundancy={shard_redundancy} / shard_parity={shard_parity} protect the "
+                                  "sharded optimizer state: they need state_sharding=optimizer.")
+            self.protection = ShardProtection(self.optimizer_shard, int(shard_redundancy), int(shard_parity))
         #: the position of every hosted worker's data: a sampler over a Shard, or the source itself.
         self.samplers: dict[int, Any] = {
             r: (ShardSampler(len(s), batch_size, seed=seed, rank=self.identities[r]) if isinstance(s, Shard) else
@@ -445,6 +461,8 @@ class Trainer:
         t0 = time.perf_counter()
         step = self.step_id
         self.current_step = step
+        if self.protection is not None:  # the boundary survivors can rebuild a lost shard at
+            self.protection.snapshot(self.state_dict())
         inj = self.injector
         if inj is not None:
             inj.step_point("before_step", step)
@@ -605,7 +623,10 @@ class Trainer:
         Shape: ``aggregate`` ``(d,)``, :meth:`num_parameters` long.
         """
         if self.optimizer_shard is not None:  # this slice's step, then every slice all-gathered
-            self.optimizer_shard.step(aggregate)
+            self.optimizer_shard.local_step(aggregate)
+            if self.protection is not None:  # the copies' steps, the parity's all-reduce
+                self.protection.after_local_step(aggregate)
+            self.optimizer_shard.gather()
             for p in self.params:
                 p.grad = None
             self.optimizer.step()  # no gradients: a no-op that keeps the scheduler's step order
@@ -706,6 +727,8 @@ class Trainer:
         if self.optimizer_shard is not None:
             self.optimizer.state.clear()  # the full optimizer holds hyperparameters only
             self.optimizer_shard.load(shards)
+            if self.protection is not None:
+                self.protection.load(shards)
             return
         for i, p in enumerate(self.params):  # a sharded checkpoint into an unsharded trainer: reassemble
             st = state_for(shards, i, 0, p.numel(), p)

@@ -1,0 +1,388 @@
+"""Where a lost rank's optimizer-state shard comes from, without replaying steps (issue 31).
+
+With ``trainer.state_sharding=optimizer`` rank r alone holds the optimizer state of slice r
+(:mod:`~robustagg.training.state_sharding`). A rank that dies takes that state with it. Three
+sources can give it back to the survivors of ``trainer.on_failure=shrink``:
+
+(a) **the last committed checkpoint**, re-sliced onto the survivors; every step since it is
+    replayed (always available; the default).
+(b) **redundant copies**, ``trainer.shard_redundancy=k``: slice s is also held by the ranks
+    ``s+1, ..., s+k-1`` (mod world), which apply the same server step to it
+    (:meth:`~robustagg.training.state_sharding.OptimizerShard.local_step`): every rank holds the
+    whole aggregate after the reduction, so a copy costs compute and memory, no communication, and
+    is bit-equal to the owner's state (same floating-point operations on the same inputs). Up to
+    ``k - 1`` lost ranks are covered whenever no k consecutive ranks die together.
+(c) **a parity shard per group**, ``trainer.shard_parity=g``: slices are grouped ``g`` at a
+    time (``[0, g), [g, 2g), ...``; at least two groups). After every step the bytes of every
+    slice's state (:func:`~robustagg.training.state_sharding.shard_bytes`) are XOR-ed per group in
+    one all-reduce; rank ``first slice of the next group`` (cyclically) keeps group j's parity.
+    One lost slice per group is the XOR of the parity and the group's other slices; two lost
+    slices of one group, or a lost slice together with its group's parity holder, are beyond it.
+
+**The boundary the survivors agree on.** Each rank snapshots its whole trainer state (the
+checkpoint's replicated and own parts, plus the copies and parity it holds) at the start of every
+step and keeps the last two. When the launcher sees a worker die it asks every survivor (SIGUSR2)
+to write its snapshots to ``<checkpoint dir>/rescue/attempt-<k>/rank-<r>.pt``. No survivor can be
+more than one step ahead of another (a step's parameter all-gather needs every rank), so the
+newest step every survivor has a snapshot of is a common boundary T; at T every survivor's state
+is complete (its step's parity all-reduce and gather returned).
+
+:func:`recover` (the launcher, between attempts) then writes a regular committed checkpoint of
+step T: the replicated state and every survivor's own file from their snapshots, and one
+``shard-<s>.pt`` per lost slice from its source. The restarted, shrunk group restores it like any
+commit (re-sliced onto the new world size) and replays only the steps past T that some rank had
+logged (zero when the failure came before any survivor finished step T + 1).
+
+**Checks and what they cannot do.** Every copy of a slice that survives (the owner's and the
+holders') is compared byte for byte; a disagreement refuses the reconstruction (a corrupted or
+lying copy: the run falls back to the last commit and its replay). Parity alone cannot see a wrong
+value: a corrupted survivor shard XOR-ed into the parity yields a wrong reconstruction that passes
+every byte check (``tests/test_shard_recovery.py`` shows it). Anything the source cannot cover
+(two lost slices of one parity group, all k holders of a slice, a survivor that wrote no rescue
+file before the launcher stopped it) falls back to the last commit with the steps since it
+replayed, and the lineage says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint import CheckpointStore, load_state, read_jsonl, save_state
+from ..errors import CheckpointError, ConfigError
+from .state_sharding import OptimizerShard, _pieces, shard_bytes, shard_from_bytes
+
+__all__ = ["copy_holders", "held_slices", "parity_groups", "parity_holder", "check_protection", "ShardProtection",
+           "plan_recovery", "recover", "rescue_folder"]
+
+#: The folder (under the checkpoint directory) the survivors' rescue files of an attempt go to.
+RESCUE = "rescue"
+
+
+def copy_holders(slice_: int, world: int, k: int) -> list[int]:
+    """The ranks that hold slice ``slice_``'s optimizer state with ``shard_redundancy=k``: its owner first."""
+    return [(slice_ + i) % world for i in range(min(k, world))]
+
+
+def held_slices(rank: int, world: int, k: int) -> list[int]:
+    """The other ranks' slices whose copy rank ``rank`` keeps (``k - 1`` of them)."""
+    return [(rank - i) % world for i in range(1, min(k, world))]
+
+
+def parity_groups(world: int, g: int) -> list[list[int]]:
+    """The slices of each parity group: ``[0, g), [g, 2g), ...`` (the last may be shorter)."""
+    return [list(range(a, min(a + g, world))) for a in range(0, world, g)]
+
+
+def parity_holder(group: int, world: int, g: int) -> int:
+    """The rank that keeps group ``group``'s parity: the first rank of the next group, cyclically."""
+    return ((group + 1) * g) % world if (group + 1) * g < world else 0
+
+
+def check_protection(world: int, k: int, g: int, *, key: Mapping[str, str] | None = None) -> None:
+    """Refuse a redundancy or parity setting the world size cannot carry.
+
+    Args:
+        world: ranks (= slices). k: ``shard_redundancy`` (1: none). g: ``shard_parity`` (0: none).
+        key: the setting names for the message (``{"k": "trainer.shard_redundancy", "g": ...}``).
+
+    Raises:
+        ConfigError: ``k < 1`` or ``k > world``; ``g == 1`` or fewer than two groups of ``g``; both on.
+    """
+    kk, gg = (key or {}).get("k", "shard_redundancy"), (key or {}).get("g", "shard_parity")
+    if k < 1 or k > world:
+        raise ConfigError(f"{kk}={k}: each slice's state is held by k of the {world} ranks; use 1 <= k <= {world}.")
+    if g < 0 or g == 1 or (g > 0 and math.ceil(world / g) < 2):
+        raise ConfigError(f"{gg}={g}: a parity group of g >= 2 slices needs at least two groups (its parity lives "
+                          f"on a rank outside it); with {world} ranks use 2 <= g <= {max(2, world - 1)}, or 0 (off).")
+    if k > 1 and g > 0:
+        raise ConfigError(f"{kk}={k} and {gg}={g} are two sources for the same lost shard; choose one.")
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.blake2b(t.numpy().tobytes(), digest_size=16).hexdigest()
+
+
+class ShardProtection:
+    """The copies (``k``) or parity (``g``) a rank keeps of the sharded optimizer state, and its snapshots.
+
+    Args:
+        shard: this rank's :class:`~robustagg.training.state_sharding.OptimizerShard`.
+        k: ``shard_redundancy`` (1: no copies). g: ``shard_parity`` (0: no parity).
+
+    Raises:
+        ConfigError: :func:`check_protection`.
+    """
+
+    def __init__(self, shard: OptimizerShard, k: int = 1, g: int = 0) -> None:
+        world = len(shard.bounds)
+        check_protection(world, int(k), int(g))
+        self.shard, self.k, self.g, self.world = shard, int(k), int(g), world
+        self.copies = {s: OptimizerShard(shard.full, shard.params, shard.bounds, s, group=None)
+                       for s in held_slices(shard.rank, world, self.k)}
+        self.groups = parity_groups(world, self.g) if self.g else []
+        self.parity: dict[int, torch.Tensor] = {}
+        self.snapshots: list[dict[str, Any]] = []  # the last two, oldest first
+        self.bytes_per_step = 0  # parity all-reduce payload of the last step
+
+    def after_local_step(self, aggregate: torch.Tensor) -> None:
+        """Step every held copy with the same aggregate; refresh the parity (one all-reduce per step).
+
+        Raises:
+            CollectiveError-like ``RuntimeError``: the parity all-reduce failed (a peer died).
+        """
+        for c in self.copies.values():
+            c.local_step(aggregate)
+        if not self.g:
+            return
+        mine = self.shard.state_bytes_view()
+        j = self.shard.rank // self.g
+        lengths = torch.zeros(len(self.groups), dtype=torch.int64)
+        lengths[j] = mine.numel()
+        dist.all_reduce(lengths, op=dist.ReduceOp.MAX, group=self.shard.group)
+        width = int(lengths.max())
+        buf = torch.zeros(len(self.groups), width, dtype=torch.uint8)
+        buf[j, :mine.numel()] = mine
+        dist.all_reduce(buf, op=dist.ReduceOp.BXOR, group=self.shard.group)
+        self.parity = {i: buf[i].clone() for i in range(len(self.groups))
+                       if parity_holder(i, self.world, self.g) == self.shard.rank}
+        self.bytes_per_step = buf.numel()
+
+    def load(self, shards: Sequence[Mapping[str, Any]]) -> None:
+        """Give every held copy its state from ``shards`` (a restore), and forget the snapshots."""
+        for c in self.copies.values():
+            c.load(shards)
+        self.parity = {}
+        self.snapshots = []
+
+    def held_bytes(self) -> int:
+        """Bytes this rank keeps beyond its own shard: its copies' state and its parity."""
+        return sum(c.state_bytes() for c in self.copies.values()) + sum(p.numel() for p in self.parity.values())
+
+    def snapshot(self, state: Mapping[str, Any]) -> None:
+        """Keep ``state`` (the trainer's :meth:`~robustagg.training.Trainer.state_dict` at a step's start)
+        with the copies and parity of that step, deep-copied; the two newest are kept."""
+        snap = {"step": int(state["replicated"]["step"]), "state": copy.deepcopy(state),
+                "copies": {s: c.export() for s, c in self.copies.items()},
+                "parity": {j: p.clone() for j, p in self.parity.items()}}
+        self.snapshots = [*self.snapshots[-1:], snap]
+
+    def payload(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+        """What this rank writes when the group fails: its rank, the slicing, the settings, the
+        checkpoint meta, each parameter's size and optimizer group, and its snapshots."""
+        sh = self.shard
+        return {"rank": sh.rank, "world": self.world, "bounds": [list(b) for b in sh.bounds],
+                "k": self.k, "g": self.g, "meta": dict(meta), "param_sizes": [p.numel() for p in sh.params],
+                "param_groups": _param_groups(sh), "snapshots": list(self.snapshots)}
+
+
+def _param_groups(shard: OptimizerShard) -> list[int]:
+    group_of = {id(p): g for g, grp in enumerate(shard.full.param_groups) for p in grp["params"]}
+    return [group_of[id(p)] for p in shard.params]
+
+
+def rescue_folder(ckpt_dir: str | Path, attempt: int) -> Path:
+    """``<ckpt_dir>/rescue/attempt-<attempt>``: where the survivors of that attempt write their snapshots."""
+    return Path(ckpt_dir) / RESCUE / f"attempt-{int(attempt)}"
+
+
+def _template(parts: Mapping[int, Mapping[str, Any]], param_groups: Sequence[int], T: int) -> dict[int, Any]:
+    """Per optimizer group, ``{key: (dtype, per_coordinate, shape)}`` from the survivors' own shards at T."""
+    out: dict[int, Any] = {}
+    for p in parts.values():
+        snap = next(s for s in p["snapshots"] if s["step"] == T)
+        for piece in snap["state"]["local"]["optimizer_shard"]["pieces"]:
+            grp = param_groups[int(piece["param"])]
+            if grp in out:
+                continue
+            out[grp] = {k: ((None, False, ()) if v is None else (v.dtype, v.dim() > 0, tuple(v.shape)))
+                        for k, v in piece["state"].items()}
+    return out
+
+
+def plan_recovery(parts: Mapping[int, Mapping[str, Any]], lost: Sequence[int], world: int, k: int, g: int
+                  ) -> tuple[Optional[int], dict[int, tuple[dict[str, Any], str, int]], list[str]]:
+    """Choose the common boundary T and a source for every lost slice, from the survivors' rescue files.
+
+    Args:
+        parts: each surviving rank's rescue payload (:meth:`ShardProtection.payload`).
+        lost: the ranks (= slices) that died. world, k, g: the failed group's slicing and settings.
+
+    Returns:
+        ``(T, {slice: (shard export, source sentence, bytes read)}, problems)``; with problems the
+        reconstruction is refused (``T`` may be ``None``) and the caller falls back to the last commit.
+    """
+    survivors = [r for r in range(world) if r not in set(lost)]
+    missing = [r for r in survivors if r not in parts]
+    if missing:
+        return None, {}, [f"survivor rank(s) {missing} left no rescue state (stopped before writing it)"]
+    if not survivors:
+        return None, {}, ["no rank survived"]
+    T = min(max(s["step"] for s in parts[r]["snapshots"]) for r in survivors) if all(
+        parts[r]["snapshots"] for r in survivors) else None
+    if T is None or any(all(s["step"] != T for s in parts[r]["snapshots"]) for r in survivors):
+        return None, {}, [f"the survivors' snapshots share no step: {[[s['step'] for s in parts[r]['snapshots']] for r in survivors]}"]
+    at = {r: next(s for s in parts[r]["snapshots"] if s["step"] == T) for r in survivors}
+    own = {r: at[r]["state"]["local"]["optimizer_shard"] for r in survivors}
+    held: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+    for r in survivors:
+        held.setdefault(r, []).append((r, own[r]))
+        for s, exp in at[r]["copies"].items():
+            held.setdefault(int(s), []).append((r, exp))
+    problems = []
+    for s, copies in sorted(held.items()):  # every surviving copy of a slice must agree byte for byte
+        digests = {r: _digest(shard_bytes(e)) for r, e in copies}
+        if len(set(digests.values())) > 1:
+            problems.append(f"slice {s}: its copies on ranks {sorted(digests)} disagree byte for byte (a corrupted "
+                            f"or lying copy); which one is right cannot be told")
+    out: dict[int, tuple[dict[str, Any], str, int]] = {}
+    for s in sorted(lost):
+        if k > 1:
+            if s in held:
+                r, exp = held[s][0]
+                out[s] = (exp, f"the redundant copy on rank {r}", int(shard_bytes(exp).numel()))
+            else:
+                problems.append(f"slice {s}: all {k} holders {copy_holders(s, world, k)} are lost")
+            continue
+        if g > 0:
+            j = s // g
+            group = parity_groups(world, g)[j]
+            h = parity_holder(j, world, g)
+            others = [o for o in group if o != s]
+            if any(o in set(lost) for o in others):
+                problems.append(f"slice {s}: parity group {j} {group} lost {sorted(o for o in group if o in set(lost))}, "
+                                f"one parity reconstructs one slice per group")
+                continue
+            if h in set(lost):
+                problems.append(f"slice {s}: the parity of group {j} was on rank {h}, which is lost too")
+                continue
+            parity = at[h]["parity"].get(j)
+            if parity is None:
+                problems.append(f"slice {s}: rank {h} holds no parity of group {j} at step {T} (no step taken yet)")
+                continue
+            data = parity.clone()
+            for o in others:
+                b = shard_bytes(own[o])
+                data[:b.numel()] ^= b
+            bounds = parts[survivors[0]]["bounds"]
+            d = int(bounds[-1][1])
+            a, b_ = int(bounds[s][0]), int(bounds[s][1])
+            params = parts[survivors[0]]["param_groups"]
+            template = _template(parts, params, T)
+            sizes = [int(e) for e in parts[survivors[0]]["param_sizes"]]
+            pieces = _pieces([torch.empty(n) for n in sizes], a, b_)
+            try:
+                exp = shard_from_bytes(data, pieces, {i: template.get(params[i], {}) for i, _, _ in pieces}, d, a, b_)
+            except CheckpointError as exc:
+                problems.append(f"slice {s}: {exc}")
+                continue
+            out[s] = (exp, f"the parity of group {j} on rank {h} XOR slices {others}",
+                      int(parity.numel() + sum(shard_bytes(own[o]).numel() for o in others)))
+            continue
+        problems.append(f"slice {s}: no redundant copy and no parity is kept")
+    return T, out, problems
+
+
+def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_step: Optional[int] = None
+            ) -> dict[str, Any]:
+    """Turn the survivors' rescue files of ``attempt`` into a committed checkpoint of their common step.
+
+    Args:
+        ckpt_dir: the run's checkpoint directory. attempt: the attempt that failed.
+        lost: its lost ranks. last_step: the newest step any rank logged (steps past T are replayed).
+
+    Returns:
+        The lineage record appended (``event`` ``shard_recovery``): ``step`` T, ``sources`` per lost
+        slice, ``bytes_read``, ``seconds``, ``steps_recomputed``; or, when it fell back,
+        ``fallback`` with every reason (nothing written then but the record).
+    """
+    t0 = time.perf_counter()
+    store = CheckpointStore(Path(ckpt_dir))
+    folder = rescue_folder(ckpt_dir, attempt)
+    parts: dict[int, dict[str, Any]] = {}
+    unreadable = []
+    for f in sorted(folder.glob("rank-*.pt")) if folder.is_dir() else []:
+        try:
+            p = load_state(f)
+            parts[int(p["rank"])] = p
+        except (CheckpointError, KeyError, TypeError, ValueError) as exc:
+            unreadable.append(f"{f.name}: {exc}")
+    record: dict[str, Any] = {"event": "shard_recovery", "time": time.time(), "attempt": int(attempt),
+                              "lost_slices": sorted(int(r) for r in lost)}
+    if not parts:
+        record.update(fallback=["no survivor wrote a rescue file"] + unreadable, step=None)
+        store.append_lineage(record)
+        shutil.rmtree(folder, ignore_errors=True)
+        return record
+    first = next(iter(parts.values()))
+    world, k, g = int(first["world"]), int(first["k"]), int(first["g"])
+    T, shards, problems = plan_recovery(parts, lost, world, k, g)
+    problems = unreadable + problems
+    latest = max((int(p.name.split("-")[1]) for p in store.candidates()), default=None)
+    if not problems and T is not None:
+        problems += _check_replicated(parts, T, lost, world)
+    if problems or T is None:
+        record.update(fallback=problems, step=T)
+        store.append_lineage(record)
+        shutil.rmtree(folder, ignore_errors=True)  # the snapshots are of no further use (the evidence is kept)
+        return record
+    reached = T if last_step is None else max(int(last_step), T)
+    record.update(step=T, steps_recomputed=reached - T, source="copy" if k > 1 else "parity",
+                  sources={str(s): src for s, (_, src, _) in shards.items()},
+                  bytes_read=sum(n for _, _, n in shards.values()))
+    if latest is not None and latest >= T:
+        record["written"] = f"not needed: {store.name(latest)} is committed already"
+    else:
+        _write_commit(store, parts, shards, T, world, lost)
+        record["written"] = store.name(T)
+    record["seconds"] = time.perf_counter() - t0
+    store.append_lineage(record)
+    shutil.rmtree(folder, ignore_errors=True)
+    return record
+
+
+def _check_replicated(parts: Mapping[int, Mapping[str, Any]], T: int, lost: Sequence[int], world: int) -> list[str]:
+    """The survivors' replicated state at T (parameters first) must agree bit for bit."""
+    snaps = {r: next(s for s in p["snapshots"] if s["step"] == T) for r, p in parts.items() if r not in set(lost)}
+    ranks = sorted(snaps)
+    ref = snaps[ranks[0]]["state"]["replicated"]["model"]
+    bad = [r for r in ranks[1:] if any(not torch.equal(ref[n], snaps[r]["state"]["replicated"]["model"][n]) for n in ref)]
+    return [f"the survivors' parameters at step {T} differ (ranks {bad} against rank {ranks[0]})"] if bad else []
+
+
+def _write_commit(store: CheckpointStore, parts: Mapping[int, Mapping[str, Any]],
+                  shards: Mapping[int, tuple[dict[str, Any], str, int]], T: int, world: int, lost: Sequence[int]) -> None:
+    from .resume import FAULT_LOG, IDENTITY, REPLICATED, _identity, _rank_file
+
+    survivors = sorted(r for r in parts if r not in set(lost))
+    snaps = {r: next(s for s in parts[r]["snapshots"] if s["step"] == T) for r in survivors}
+    meta = dict(parts[survivors[0]]["meta"])
+    run_id = meta.get("run_id")
+    staging = store.staging(T)
+    save_state(staging / REPLICATED, {**snaps[survivors[0]]["state"]["replicated"],
+                                      IDENTITY: _identity(REPLICATED, T, run_id)})
+    hosts = {}
+    for r in survivors:
+        name = _rank_file(r)
+        workers = sorted(int(w) for w in snaps[r]["state"]["local"]["workers"])
+        hosts[name] = workers
+        save_state(staging / name, {**snaps[r]["state"]["local"], IDENTITY: _identity(name, T, run_id, workers)})
+    rebuilt = {}
+    for s, (exp, src, _) in shards.items():
+        name = f"shard-{s}.pt"
+        rebuilt[name] = {"slice": int(s), "source": src}
+        save_state(staging / name, {"optimizer_shard": exp,
+                                    IDENTITY: {"file": name, "step": T, "run_id": run_id, "kind": "shard", "workers": None}})
+    latest = store.latest_name()
+    meta.update({"world_size": world, "hosts": hosts, "parent": latest, "reconstructed": rebuilt,
+                 "replayed": [r["steps_replayed"] for r in store.lineage() if r.get("steps_replayed")],
+                 "faults_fired": [r.get("id") for r in read_jsonl(store.root / FAULT_LOG)]})
+    store.commit(T, meta, [REPLICATED, *hosts, *rebuilt])
