@@ -128,12 +128,28 @@ def test_the_memory_and_identity_quoted_on_the_docs_page_are_the_committed_bench
     assert f"{t['unsharded_bytes'].iloc[0]:,} unsharded" in page
 
 
-def test_a_resume_into_a_larger_group_is_refused_before_any_process_starts(tmp_path):
+@pytest.mark.parametrize("world", [5, 6])
+def test_a_world_4_commit_resumes_re_sliced_in_a_larger_group_whose_new_workers_start_fresh(tmp_path, world):
+    models = {}
+    first = ["optimizer=adam", "aggregator=coordinate_median", "trainer.checkpoint.every=2", "trainer.steps=2"]
+    for mode in ("none", "optimizer"):
+        _run(tmp_path, f"{mode}-4", *first, f"trainer.state_sharding={mode}")
+        ck = tmp_path / f"{mode}-4" / "checkpoints" / "step-00000002"
+        s, models[mode] = _run(tmp_path, f"{mode}-{world}", *first[:-1], "trainer.steps=4", f"threat.n={world}",
+                               f"trainer.resume={ck}", "trainer.resume_changes=allow", f"trainer.state_sharding={mode}")
+        assert (s["n"], s["steps"], s["resumed_from"]) == (world, 4, 2)
+        new = [r for r in s["lineage"] if r["event"] == "new_workers"]
+        assert [r["workers"] for r in new] == [list(range(4, world))] and new[0]["own_state"].startswith("fresh")
+    assert models["optimizer"] == models["none"]  # the 4 shards re-sliced `world` ways: the whole state's bits
+
+
+def test_a_missing_own_file_of_a_worker_the_checkpoint_had_is_never_started_fresh(tmp_path):
     first = ["optimizer=adam", "aggregator=coordinate_median", "trainer.checkpoint.every=2", "trainer.steps=2"]
     _run(tmp_path, "four", *first)
-    ck = sorted((tmp_path / "four" / "checkpoints").glob("step-*"))[-1]
-    with pytest.raises(ConfigError, match=r"threat.n: 4 -> 5: the checkpoint holds the own state .* of workers "
-                                          r"\[0, 1, 2, 3\] only"):
-        train(_cfg(*first, "threat.n=5", f"trainer.resume={ck}", "trainer.resume_changes=allow"),
-              out_dir=tmp_path / "five", quiet=True)
-    assert not (tmp_path / "five" / "checkpoints").exists() or not any((tmp_path / "five" / "checkpoints").glob("step-*"))
+    ck = tmp_path / "four" / "checkpoints" / "step-00000002"
+    hosts = __import__("json").loads((ck / "manifest.json").read_text())["hosts"]
+    assert hosts["rank-3.pt"] == [3]
+    (ck / "rank-3.pt").unlink()  # worker 3 was in the commit: its state cannot be made up
+    with pytest.raises(ConfigError, match="does not verify"):
+        train(_cfg(*first[:-1], "trainer.steps=4", "threat.n=5", f"trainer.resume={ck}",
+                   "trainer.resume_changes=allow"), out_dir=tmp_path / "five", quiet=True)

@@ -384,12 +384,6 @@ def _compare(result: ResumeCheck, path: Path, manifest: Mapping[str, Any], curre
                           f"(another run_name or hydra.run.dir), or pass trainer.resume_changes=allow to continue "
                           f"the changed experiment (the change is recorded in lineage.jsonl).")
     stuck = unapplied_changes(changes, current) if changes else []
-    held = sorted({int(w) for ids in (manifest.get("hosts") or {}).values() for w in ids})
-    n = current.get("threat.n")
-    if "threat.n" in changes and held and isinstance(n, int) and n > len(held):  # a larger group: no own state for some
-        stuck.append(f"threat.n: {len(held)} -> {n}: the checkpoint holds the own state (data position, momentum, "
-                     f"RNG streams) of workers {held} only, so {n - len(held)} worker(s) would start without "
-                     "theirs; resume with threat.n <= " + str(len(held)) + " (a smaller group continues from it)")
     if stuck:
         lines = "\n".join(f"  {w}" for w in stuck)
         raise ConfigError(f"{path}: trainer.resume_changes=allow cannot continue with these changes:\n{lines}\n"

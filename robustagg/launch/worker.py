@@ -26,7 +26,7 @@ from ..functional.gram import needs_warm_up, warm_up
 from ..training import (Checkpointer, FaultInjector, JsonlSink, Restored, StragglerLog, Trainer, fit, restore,
                         save_model, seed_everything, write_evidence, write_json)
 from ..training.faults import PartitionedError, fired_faults
-from ..training.resume import FAULT_LOG
+from ..training.resume import FAULT_LOG, new_workers_of
 from .grow import (GrowWatch, Regroup, form_group, gather_reports, install_grow, install_leave, join_when_admitted,
                    mark_done, next_group, own_state_from_disk, receive_state, send_state, share_peer_copies,
                    wait_for_epoch)
@@ -340,7 +340,15 @@ def _run_worker(job: Job, comm: Optional[Communicator], device: torch.device, at
             built = [{k: v for k, v in g.items() if k != "params"} for g in trainer.optimizer.param_groups]
             restored = restore(trainer, store, request=attempt.resume, fallback=attempt.fallback or None,
                                restart=attempt.number, reason=attempt.reason, last_step=attempt.last_step,
-                               extra=lineage_extra)
+                               extra=lineage_extra, new_workers=s.resume_changes == "allow")
+            fresh = new_workers_of(restored.manifest, job.identities) if restored.checkpoint else []
+            if comm.is_main and fresh:  # a resume into a larger group (resume_changes=allow)
+                store.append_lineage({"event": "new_workers", "step": restored.step, "workers": fresh,
+                                      "checkpoint": restored.checkpoint, "own_state": "fresh: data position 0, RNG "
+                                      "stream from the seed and the worker id, no momentum (the checkpoint never had "
+                                      "them)"})
+                log.warning("resume: worker(s) %s are new to checkpoint %s and start with fresh own state",
+                            fresh, restored.checkpoint)
             if s.resume_changes == "allow":
                 _apply_allowed_changes(job, trainer, built, restored.manifest)
             if comm.is_main and attempt.shrink is not None:

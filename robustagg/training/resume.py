@@ -41,7 +41,7 @@ import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from ..checkpoint import Checkpoint, CheckpointStore, read_jsonl, save_state
 from ..errors import CheckpointError, NothingToRestoreError
@@ -218,6 +218,8 @@ class Restored:
         record: the lineage record written (rank 0, when a checkpoint was loaded, this is a
             restart, or a candidate was skipped; ``{}`` otherwise).
         manifest: the manifest of the checkpoint loaded (every rank; ``{}`` when none was).
+        fresh: this process's workers that started with fresh own state, the checkpoint never
+            having had them (``restore(new_workers=True)``).
     """
 
     step: int = 0
@@ -225,6 +227,15 @@ class Restored:
     skipped: list[str] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
+    fresh: list[int] = field(default_factory=list)
+
+
+def new_workers_of(manifest: Mapping[str, Any], worker_ids: Sequence[int]) -> list[int]:
+    """The workers of ``worker_ids`` the checkpoint ``manifest`` describes never had (in neither its
+    ``identities`` nor its ``hosts``): a resume into a larger group starts them fresh."""
+    had = {int(w) for w in manifest.get("identities") or []}
+    had |= {int(w) for ids in (manifest.get("hosts") or {}).values() for w in ids}
+    return [int(w) for w in worker_ids if int(w) not in had]
 
 
 def _own_files(manifest: Mapping[str, Any], worker_ids: list[int]) -> list[str]:
@@ -321,7 +332,7 @@ def _nothing_loads(store: CheckpointStore, skipped: list[str], tried: int) -> st
 
 def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto", fallback: Optional[str] = None,
             restart: int = 0, reason: str = "", last_step: Optional[int] = None,
-            extra: Optional[Mapping[str, Any]] = None) -> Restored:
+            extra: Optional[Mapping[str, Any]] = None, new_workers: bool = False) -> Restored:
     """Agree with every rank on one verified committed checkpoint, load it, record the lineage.
 
     Every rank of the group calls it, before training (see the module docstring).
@@ -337,6 +348,11 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
         reason: why this start happened (the failure that caused the restart); recorded.
         last_step: the highest step the failed attempt reached (for ``steps_replayed``).
         extra: more fields for the lineage record (e.g. an elastic shrink's old and new n).
+        new_workers: a hosted worker the checkpoint never had (absent from its manifest's
+            ``identities``: a resume into a larger group, ``resume_changes=allow``) keeps the fresh
+            own state the trainer was built with (data position 0, its RNG stream from the seed
+            and its id, no momentum); ``Restored.fresh`` lists them. ``False``: refused like any
+            other missing worker. A worker the checkpoint had is never started fresh.
 
     Returns:
         a :class:`Restored`. Its lineage record carries ``time`` (``time.time()`` seconds, when the
@@ -401,10 +417,18 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
             problems = store.verify(where, [])  # the manifest alone: paths, format, HMAC, step
             if not problems:
                 here = Checkpoint(where, store.read_manifest(where))
-                names = [REPLICATED, *_own_files(here.manifest, [trainer.identities[r] for r in comm.local_ranks])]
+                hosted = [trainer.identities[r] for r in comm.local_ranks]
+                fresh = new_workers_of(here.manifest, hosted) if new_workers else []
+                names = [REPLICATED, *_own_files(here.manifest, [w for w in hosted if w not in fresh])]
                 state = _read_state(trainer, here, names)
                 if snapshot is None:
                     snapshot = copy.deepcopy(trainer.state_dict())
+                if fresh:  # their own state as built; a process hosting only new workers keeps all of its own
+                    own = snapshot["local"]
+                    if not state["local"]["workers"]:
+                        state["local"] = {k: v for k, v in own.items() if k != "optimizer_shard"}
+                    state["local"]["workers"] = {**state["local"]["workers"],
+                                                 **{w: own["workers"][w] for w in fresh}}
                 touched = True
                 trainer.load_state_dict(state)
         except CheckpointError as exc:
@@ -429,6 +453,8 @@ def restore(trainer: "Trainer", store: CheckpointStore, *, request: str = "auto"
             store.reject(where)
     result = Restored(step=step, checkpoint=None if ck is None else ck.path.name, skipped=skipped,
                       manifest={} if ck is None else dict(ck.manifest))
+    if ck is not None and new_workers:
+        result.fresh = new_workers_of(ck.manifest, [trainer.identities[r] for r in comm.local_ranks])
     if main and (ck is not None or restart > 0 or skipped):
         if ck is not None and ck.path.parent == store.root:
             store.set_latest(ck.path.name)
