@@ -153,3 +153,17 @@ def test_a_missing_own_file_of_a_worker_the_checkpoint_had_is_never_started_fres
     with pytest.raises(ConfigError, match="does not verify"):
         train(_cfg(*first[:-1], "trainer.steps=4", "threat.n=5", f"trainer.resume={ck}",
                    "trainer.resume_changes=allow"), out_dir=tmp_path / "five", quiet=True)
+
+
+def test_a_replacement_rejoins_a_sharded_group_bit_equal_to_the_unsharded_rejoin(tmp_path):
+    # worker 5 SIGKILLed in step 4: the five restore step 2 (re-sliced 5 ways) and go on; its replacement
+    # is admitted after step 6 and every member cuts its new slice (6 ways) out of the five shards
+    heal = ["threat.n=6", "optimizer=adam", "aggregator=coordinate_median", "trainer.steps=10",
+            "trainer.checkpoint.every=2", "trainer.worker_momentum=0.5", "faults=[rejoin]", "faults.rejoin.rank=5",
+            "faults.rejoin.step=4", "faults.rejoin.seconds=0.2", "faults.rejoin.join_step=6",
+            "trainer.on_failure=shrink", "trainer.rejoin=true", "trainer.max_restarts=1"]
+    whole, ref = _run(tmp_path, "whole", *heal)
+    s, sharded = _run(tmp_path, "sharded", *heal, "trainer.state_sharding=optimizer")
+    grow = next(r for r in s["lineage"] if r["event"] == "grow")
+    assert grow["step"] == 6 and grow["sources"]["optimizer_state"].endswith("re-sliced into 6")
+    assert s["workers"] == whole["workers"] == [0, 1, 2, 3, 4, 5] and sharded == ref

@@ -107,7 +107,8 @@ class RunSettings:
             coordinate slice it aggregates and applies the server step to it alone, the slices
             all-gathered after (:mod:`~robustagg.training.state_sharding`; needs
             ``mode=processes``, ``reduction=sharded``, one worker per process, an elementwise
-            optimizer, protocol ``dsgd``; not with ``rejoin``).
+            optimizer, protocol ``dsgd``; a replacement that rejoins gets its slice cut from the
+            members' shards).
         shard_redundancy: ``k``: with ``state_sharding=optimizer``, each slice's state is also
             held by the next ``k - 1`` ranks (1: no copies); shard_parity: ``g``: an XOR parity
             of every group of ``g`` slices (0: none). Either lets the survivors of a shrink
@@ -226,17 +227,14 @@ class RunSettings:
                               f"already: set {self.key('on_aggregate_mismatch')}=vote to outvote a lying rank, or "
                               f"{self.key('reduction')}=sharded.")
         if self.state_sharding == "optimizer":
-            wrong = [f"{self.key(k)}={str(getattr(self, k)).lower() if isinstance(getattr(self, k), bool) else getattr(self, k)}"
-                     for k, ok in (
+            wrong = [f"{self.key(k)}={getattr(self, k)}" for k, ok in (
                 ("mode", self.mode == "processes"), ("reduction", self.reduction == "sharded"),
-                ("rejoin", not self.rejoin), ("processes", int(self.processes) == 0)) if not ok]
+                ("processes", int(self.processes) == 0)) if not ok]
             if wrong:
                 raise ConfigError(f"{self.key('state_sharding')}=optimizer gives each process the optimizer state of "
                                   f"the slice it aggregates: it needs {self.key('mode')}=processes and "
-                                  f"{self.key('reduction')}=sharded with one worker per process ({self.key('processes')}=0), and a replacement "
-                                  f"cannot join a sharded group yet "
-                                  f"({self.key('rejoin')}=false; a shrink re-slices the state from the last commit); "
-                                  f"got {', '.join(wrong)}.")
+                                  f"{self.key('reduction')}=sharded with one worker per process "
+                                  f"({self.key('processes')}=0); got {', '.join(wrong)}.")
         if int(self.shard_redundancy) != 1 or int(self.shard_parity) != 0:
             which = (f"{self.key('shard_redundancy')}={self.shard_redundancy}" if int(self.shard_redundancy) != 1
                      else f"{self.key('shard_parity')}={self.shard_parity}")

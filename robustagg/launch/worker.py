@@ -566,6 +566,7 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
     survivors = [w for w in members if w not in joiners]
     comm = _new_group(new_job, ms, epoch + 1, members, me, device)
     parts, new_trainer, injector = _make_trainer(new_job, comm, device, attempt, store)
+    _exchange_shards(new_trainer, state)  # sharded optimizer state: every old shard, for the new slicing
     new_trainer.load_state_dict(state)
     src = sorted(members).index(min(survivors))
     sent = time.time()
@@ -601,7 +602,8 @@ def _grow_survivor(job: Job, attempt: Attempt, trainer: Trainer, device: torch.d
              "state_from": f"live peer worker {min(survivors)} over the process group (SHA-256 checked by the joiner)",
              "own_state_from": {str(r["worker"]): r["checkpoint"] for r in reports},
              "sources": {"replicated": f"peer {min(survivors)}",
-                         "own": {str(r["worker"]): r["source"] for r in reports}}}
+                         "own": {str(r["worker"]): r["source"] for r in reports},
+                         **_sharded_source(new_trainer)}}
     grown.update(time=done, regroup_s=done - began, transfer_s=done - sent)  # from the boundary / the send to agreed digests
     if comm.is_main and store is not None:
         for r in reports:
@@ -644,9 +646,43 @@ def _without(base: Job, trainer: Trainer, ms: Membership, epoch: int, leaving: l
     job = grow_job(base, back, byzantine=byz, reason=f"rejoin of worker(s) {back}")[0] if back else base
     comm = _new_group(job, ms, epoch + 1, members, me, device)
     parts, new_trainer, injector = _make_trainer(job, comm, device, attempt, store)
+    _exchange_shards(new_trainer, state)
     new_trainer.load_state_dict(state)
     log.warning("worker(s) %s could not take part in epoch %d; going on as %s", leaving, epoch, fmt_members(members))
     return job, comm, parts, new_trainer, injector, members
+
+
+def _exchange_shards(trainer: Trainer, state: Optional[dict[str, Any]]) -> Optional[list[dict[str, Any]]]:
+    """A new group's members (every one calls it, at the same point): with sharded optimizer state,
+    all-gather every member's shard of the old slicing (a joiner has none), so that each can cut
+    its new slice out of them (:func:`~robustagg.training.state_sharding.state_for`). ``state``
+    (a member's :meth:`~robustagg.training.Trainer.state_dict`) gets them as
+    ``replicated["optimizer_shards"]``.
+
+    Moves every shard to every member once per membership change (O(d) state bytes per rank,
+    briefly). Returns the shards, or ``None`` without sharded state.
+
+    Raises:
+        CollectiveError-like ``RuntimeError``: a member failed during the exchange.
+    """
+    if trainer.optimizer_shard is None:
+        return None
+    import torch.distributed as dist
+
+    mine = None if state is None else state["local"].get("optimizer_shard")
+    got: list[Any] = [None] * trainer.comm.world_size
+    dist.all_gather_object(got, mine, group=getattr(trainer.comm, "group", None))
+    shards = [g for g in got if g is not None]
+    if state is not None:
+        state["replicated"] = {**state["replicated"], "optimizer_shards": shards}
+    return shards
+
+
+def _sharded_source(trainer: Trainer) -> dict[str, str]:
+    """A grow record's word on where the sharded optimizer state came from (``{}`` without it)."""
+    if trainer.optimizer_shard is None:
+        return {}
+    return {"optimizer_state": f"the members' shards, all-gathered and re-sliced into {len(trainer.optimizer_shard.bounds)}"}
 
 
 def _release_joiners(membership: tuple[Membership, int], attempt: Attempt) -> None:
@@ -695,6 +731,7 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
     record["effective_batch"][0] = record["old_n"] * int(s.batch_size)
     comm = _new_group(new_job, ms, epoch + 1, members, me, device)
     parts, trainer, injector = _make_trainer(new_job, comm, device, attempt, store)
+    shards = _exchange_shards(trainer, None)  # the survivors' shards of the optimizer state (it holds none)
     survivors = [w for w in members if w not in joiners]
     src = sorted(members).index(min(survivors))
     message = send_state(None, src=src, src_worker=min(survivors))
@@ -731,6 +768,8 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
         log.warning("worker %d does not rejoin: %s", me, why or "no own state")
         return None
     assert own is not None and replicated is not None
+    if shards is not None:
+        replicated = {**replicated, "optimizer_shards": shards}
     trainer.load_state_dict({"replicated": replicated, "local": own})
     now = epoch + 1
     if unplaced:  # another joiner of this grow leaves: the rest form the next epoch without it
@@ -740,7 +779,7 @@ def _join_running_group(job: Job, attempt: Attempt, joiner: dict[str, Any], devi
         joiners = [w for w in joiners if w not in unplaced]
         record.update(new_n=len(members), joined=joiners, members=list(members))
     grown = {**record, "epoch": [epoch, now], "own_state_from": {str(me): own_from},
-             "sources": {"replicated": f"peer {min(survivors)}", "own": {str(me): source}}}
+             "sources": {"replicated": f"peer {min(survivors)}", "own": {str(me): source}, **_sharded_source(trainer)}}
     return new_job, comm, parts, trainer, injector, (ms, now), grown
 
 
