@@ -207,6 +207,23 @@ def test_without_a_second_source_the_shrink_replays_from_the_last_commit(tmp_pat
     assert not any(r["event"] == "shard_recovery" for r in s["lineage"])
 
 
+def test_two_lost_slices_of_one_parity_group_fall_back_to_the_last_commit_with_the_reason(tmp_path):
+    # n = 5, g = 2: groups {0, 1}, {2, 3}, {4}; workers 2 and 3 are killed together at the start of step 4
+    two = ["threat.n=5", *FAULT, "faults=[crash,crash_between]", "faults.crash_between.rank=3",
+           "faults.crash_between.step=4", "faults.crash_between.where=before_step"]
+    s = train(_cfg(*two, "trainer.shard_parity=2"), out_dir=tmp_path / "parity", quiet=True)
+    rec = next(r for r in s["lineage"] if r["event"] == "shard_recovery")
+    assert rec["fallback"] == [f"slice {k}: parity group 1 [2, 3] lost [2, 3], one parity reconstructs one slice per "
+                               "group" for k in (2, 3)]
+    restore = [r for r in s["lineage"] if r["event"] == "restore"][-1]
+    assert (s["workers"], restore["restored_from"], restore["steps_replayed"]) == ([0, 1, 4], 2, [3, 3])
+    shrink = next(r for r in s["lineage"] if r["event"] == "shrink")
+    assert shrink["state_from"].startswith("disk: the newest committed checkpoint (shard reconstruction refused: ")
+    # what the run then does is exactly what it does without a parity
+    train(_cfg(*two), out_dir=tmp_path / "plain", quiet=True)
+    assert _model(tmp_path / "parity") == _model(tmp_path / "plain")
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["trainer.shard_redundancy=2"], r"trainer.shard_redundancy=2 keeps a second source .* needs "
                                      r"trainer.state_sharding=optimizer and trainer.on_failure=shrink"),
