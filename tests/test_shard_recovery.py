@@ -158,6 +158,37 @@ def test_a_corrupted_copy_is_caught_by_the_copies_comparison_but_parity_alone_ca
     assert problems == [] and not torch.equal(shard_bytes(rebuilt[2][0]), shard_bytes(exports[2]))
 
 
+@pytest.mark.parametrize("spoil,reason", [
+    (lambda parts: b"not a torch file", r"rank-1.pt"),
+    (lambda parts: {**parts[1], "world": "four"}, r"rank-1.pt: not a rescue payload"),
+    (lambda parts: {**parts[1], "rank": 3}, r"rank-1.pt: says it is rank 3"),
+    (lambda parts: {**parts[1], "meta": {"run_id": "other"}}, r"rank-1.pt: written by run 'other', not this run"),
+    (lambda parts: {**parts[1], "bounds": [[0, 1]] * WORLD}, r"disagree on the slicing or the settings"),
+    (lambda parts: {**parts[1], "snapshots": [{"step": 3, "state": {}, "copies": {}, "parity": {}}]},
+     r"the rescue files do not fit together \(KeyError"),
+])
+def test_a_malformed_or_foreign_rescue_file_falls_back_and_commits_nothing(tmp_path, spoil, reason):
+    from robustagg.checkpoint import atomic_write_bytes, save_state
+    from robustagg.training.shard_recovery import recover, rescue_folder
+
+    params, bounds, exports, copies, parity = _shards()
+    parts = _payloads(params, bounds, exports, copies, parity, k=2, g=0)
+    folder = rescue_folder(tmp_path, 0)
+    folder.mkdir(parents=True)
+    for r in (0, 1, 3):
+        parts[r]["meta"] = {"run_id": "run"}
+    for r in (0, 3):
+        save_state(folder / f"rank-{r}.pt", parts[r])
+    bad = spoil(parts)
+    if isinstance(bad, bytes):
+        atomic_write_bytes(folder / "rank-1.pt", bad)
+    else:
+        save_state(folder / "rank-1.pt", bad)
+    rec = recover(tmp_path, 0, [2], run_id="run")
+    assert rec["event"] == "shard_recovery" and any(__import__("re").search(reason, f) for f in rec["fallback"]), rec
+    assert not list(tmp_path.glob("step-*")) and not folder.exists()
+
+
 # --- real processes, a real SIGKILL ------------------------------------------------------------------
 QUIET = ["logger=none", "trainer.progress=false", "trainer.eval_every=0", "trainer.param_check_every=2",
          "trainer.batch_size=16", "trainer.steps=6", "attack=none", "trainer.collective_timeout_s=30",

@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import uuid
 from datetime import timedelta
@@ -327,6 +328,8 @@ def run_spawned(job: Job, attempt: Optional[Attempt] = None) -> dict[str, Any]:
     if job.rule is None or needs_warm_up(job.rule) or s.metrics:
         warm_up()  # compile once here (forked workers inherit it, spawned ones load Numba's cache)
     members = _membership_store(job, addr, attempt)  # on_failure=shrink: epochs in a store, fenced commits
+    if _protected(job):  # rescue files of an earlier launch (its attempts were numbered from 0 too) are stale
+        shutil.rmtree(Path(job.ckpt_dir) / "rescue", ignore_errors=True)
     while True:
         port = int(s.port) or free_port(addr)
         try:
@@ -419,7 +422,7 @@ def _rebuild_lost_shards(job: Job, attempt: Attempt, lost: Sequence[int], last: 
     from ..training.shard_recovery import recover
 
     ranks = sorted(job.identities.index(int(w)) for w in lost if int(w) in job.identities)
-    rec = recover(job.ckpt_dir, attempt.number, ranks, last_step=last)
+    rec = recover(job.ckpt_dir, attempt.number, ranks, last_step=last, run_id=job.run_id)
     if rec.get("fallback"):
         log.warning("the lost shard(s) %s cannot be rebuilt without replay: %s; restoring the last commit",
                     ranks, "; ".join(rec["fallback"]))

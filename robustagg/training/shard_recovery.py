@@ -291,13 +291,42 @@ def plan_recovery(parts: Mapping[int, Mapping[str, Any]], lost: Sequence[int], w
     return T, out, problems
 
 
-def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_step: Optional[int] = None
-            ) -> dict[str, Any]:
+def _payload_problem(p: Any, name: str, run_id: Optional[str]) -> Optional[str]:
+    """Why a rescue file's payload cannot be used (``None``: its shape is sound)."""
+    if not isinstance(p, dict):
+        return f"{name}: holds a {type(p).__name__}, not a rescue payload"
+    try:
+        world, rank = int(p["world"]), int(p["rank"])
+        bounds = [(int(a), int(b)) for a, b in p["bounds"]]
+        snaps = p["snapshots"]
+        ok = (0 <= rank < world == len(bounds) and isinstance(snaps, list) and len(snaps) <= 2
+              and all(isinstance(x, dict) and isinstance(x.get("step"), int) for x in snaps)
+              and isinstance(p.get("meta"), dict) and isinstance(p.get("param_sizes"), list)
+              and isinstance(p.get("param_groups"), list) and int(p["k"]) >= 1 and int(p["g"]) >= 0)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"{name}: not a rescue payload ({type(exc).__name__}: {exc})"
+    if not ok:
+        return f"{name}: not a rescue payload (rank, world, bounds, snapshots or settings out of shape)"
+    if name != f"rank-{rank}.pt":
+        return f"{name}: says it is rank {rank}"
+    if run_id is not None and p["meta"].get("run_id") != run_id:
+        return f"{name}: written by run {p['meta'].get('run_id')!r}, not this run ({run_id!r})"
+    return None
+
+
+def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_step: Optional[int] = None,
+            run_id: Optional[str] = None) -> dict[str, Any]:
     """Turn the survivors' rescue files of ``attempt`` into a committed checkpoint of their common step.
 
     Args:
         ckpt_dir: the run's checkpoint directory. attempt: the attempt that failed.
         lost: its lost ranks. last_step: the newest step any rank logged (steps past T are replayed).
+        run_id: the run's id; a rescue file of another run is not used.
+
+    The rescue files are untrusted input: one that does not parse, has the wrong shape, names
+    another rank or run, or disagrees with the others on the slicing or the settings, and any
+    error while planning or writing, makes the reconstruction fall back (with the reason); nothing
+    is committed from it.
 
     Returns:
         The lineage record appended (``event`` ``shard_recovery``): ``step`` T, ``sources`` per lost
@@ -312,9 +341,14 @@ def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_ste
     for f in sorted(folder.glob("rank-*.pt")) if folder.is_dir() else []:
         try:
             p = load_state(f)
+        except CheckpointError as exc:
+            unreadable.append(str(exc))
+            continue
+        why = _payload_problem(p, f.name, run_id)
+        if why is None:
             parts[int(p["rank"])] = p
-        except (CheckpointError, KeyError, TypeError, ValueError) as exc:
-            unreadable.append(f"{f.name}: {exc}")
+        else:
+            unreadable.append(why)
     record: dict[str, Any] = {"event": "shard_recovery", "time": time.time(), "attempt": int(attempt),
                               "lost_slices": sorted(int(r) for r in lost)}
     if not parts:
@@ -324,11 +358,23 @@ def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_ste
         return record
     first = next(iter(parts.values()))
     world, k, g = int(first["world"]), int(first["k"]), int(first["g"])
-    T, shards, problems = plan_recovery(parts, lost, world, k, g)
-    problems = unreadable + problems
+    settings = {(int(p["world"]), int(p["k"]), int(p["g"]), str(p["bounds"]), str(p["param_sizes"])) for p in parts.values()}
+    T: Optional[int] = None
+    shards: dict[int, tuple[dict[str, Any], str, int]] = {}
+    problems = list(unreadable)
+    if len(settings) > 1:
+        problems.append("the rescue files disagree on the slicing or the settings")
+    elif any(not 0 <= int(r) < world for r in lost):
+        problems.append(f"lost ranks {sorted(int(r) for r in lost)} are not ranks of the world of {world}")
+    if not problems:
+        try:
+            T, shards, planned = plan_recovery(parts, lost, world, k, g)
+            problems += planned
+            if not problems and T is not None:
+                problems += _check_replicated(parts, T, lost, world)
+        except Exception as exc:  # untrusted files: whatever breaks the plan refuses it
+            problems.append(f"the rescue files do not fit together ({type(exc).__name__}: {str(exc)[:200]})")
     latest = max((int(p.name.split("-")[1]) for p in store.candidates()), default=None)
-    if not problems and T is not None:
-        problems += _check_replicated(parts, T, lost, world)
     if problems or T is None:
         record.update(fallback=problems, step=T)
         store.append_lineage(record)
@@ -341,7 +387,14 @@ def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_ste
     if latest is not None and latest >= T:
         record["written"] = f"not needed: {store.name(latest)} is committed already"
     else:
-        _write_commit(store, parts, shards, T, world, lost)
+        try:
+            _write_commit(store, parts, shards, T, world, lost)
+        except Exception as exc:  # a staging folder left behind is removed by the next restore
+            record.update(fallback=[f"the rebuilt commit could not be written ({type(exc).__name__}: "
+                                    f"{str(exc)[:200]})"], step=T)
+            store.append_lineage(record)
+            shutil.rmtree(folder, ignore_errors=True)
+            return record
         record["written"] = store.name(T)
     record["seconds"] = time.perf_counter() - t0
     store.append_lineage(record)
