@@ -309,7 +309,7 @@ def timeline(run_dir: Path, ckpt_dir: Optional[Path] = None) -> list[dict[str, A
     if rebuilt is not None:
         if rebuilt.get("fallback"):
             disk["note"] = "shard not rebuilt: " + "; ".join(rebuilt["fallback"])
-        else:
+        elif rebuilt.get("sources"):
             disk.update(restore_source=f"disk + {rebuilt.get('source')}", rebuild_s=rebuilt.get("seconds", math.nan),
                         rebuild_bytes=rebuilt.get("bytes_read", math.nan),
                         note="; ".join(f"slice {k} from {v}" for k, v in (rebuilt.get("sources") or {}).items()))

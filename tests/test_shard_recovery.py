@@ -164,8 +164,15 @@ def test_a_corrupted_copy_is_caught_by_the_copies_comparison_but_parity_alone_ca
     (lambda parts: {**parts[1], "rank": 3}, r"rank-1.pt: says it is rank 3"),
     (lambda parts: {**parts[1], "meta": {"run_id": "other"}}, r"rank-1.pt: written by run 'other', not this run"),
     (lambda parts: {**parts[1], "bounds": [[0, 1]] * WORLD}, r"disagree on the slicing or the settings"),
-    (lambda parts: {**parts[1], "snapshots": [{"step": 3, "state": {}, "copies": {}, "parity": {}}]},
+    (lambda parts: {**parts[1], "snapshots": [{"step": 3, "state": {"replicated": {"step": 3}}, "copies": {},
+                                                "parity": {}}]},
      r"the rescue files do not fit together \(KeyError"),
+    (lambda parts: {**parts[1], "snapshots": [{**parts[1]["snapshots"][0], "step": 4}]}, r"whose step is not its state's"),
+    (lambda parts: {**parts[1], "world": 10**6, "bounds": [[0, 1]] * 10**6}, r"claims a world of 1000000, the failed "
+                                                                            r"group had 4"),
+    # the lost slice's only surviving copy (k = 2) is another slice's shard: nothing to compare it with,
+    # but it is not slice 2's
+    (lambda parts: parts[1], r"rank 3's shard of slice 2 is not that slice's \(coordinates"),
 ])
 def test_a_malformed_or_foreign_rescue_file_falls_back_and_commits_nothing(tmp_path, spoil, reason):
     from robustagg.checkpoint import atomic_write_bytes, save_state
@@ -184,7 +191,10 @@ def test_a_malformed_or_foreign_rescue_file_falls_back_and_commits_nothing(tmp_p
         atomic_write_bytes(folder / "rank-1.pt", bad)
     else:
         save_state(folder / "rank-1.pt", bad)
-    rec = recover(tmp_path, 0, [2], run_id="run")
+    if "slice 2 is not" in reason:  # rank 3 hands over its own shard as its copy of slice 2
+        parts[3]["snapshots"][0]["copies"] = {2: exports[3]}
+        save_state(folder / "rank-3.pt", parts[3])
+    rec = recover(tmp_path, 0, [2], run_id="run", world=WORLD)
     assert rec["event"] == "shard_recovery" and any(__import__("re").search(reason, f) for f in rec["fallback"]), rec
     assert not list(tmp_path.glob("step-*")) and not folder.exists()
 

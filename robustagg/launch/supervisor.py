@@ -422,7 +422,7 @@ def _rebuild_lost_shards(job: Job, attempt: Attempt, lost: Sequence[int], last: 
     from ..training.shard_recovery import recover
 
     ranks = sorted(job.identities.index(int(w)) for w in lost if int(w) in job.identities)
-    rec = recover(job.ckpt_dir, attempt.number, ranks, last_step=last, run_id=job.run_id)
+    rec = recover(job.ckpt_dir, attempt.number, ranks, last_step=last, run_id=job.run_id, world=job.n)
     if rec.get("fallback"):
         log.warning("the lost shard(s) %s cannot be rebuilt without replay: %s; restoring the last commit",
                     ranks, "; ".join(rec["fallback"]))

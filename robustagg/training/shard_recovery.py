@@ -21,8 +21,8 @@ sources can give it back to the survivors of ``trainer.on_failure=shrink``:
 
 **The boundary the survivors agree on.** Each rank snapshots its whole trainer state (the
 checkpoint's replicated and own parts, plus the copies and parity it holds) at the start of every
-step and keeps the last two. When the launcher sees a worker die it asks every survivor (SIGUSR2)
-to write its snapshots to ``<checkpoint dir>/rescue/attempt-<k>/rank-<r>.pt``. No survivor can be
+step and keeps the last two. When the launcher sees a worker die it asks every survivor (a
+``.requested`` file the survivors' watcher threads poll for) to write its snapshots to ``<checkpoint dir>/rescue/attempt-<k>/rank-<r>.pt``. No survivor can be
 more than one step ahead of another (a step's parameter all-gather needs every rank), so the
 newest step every survivor has a snapshot of is a common boundary T; at T every survivor's state
 is complete (its step's parity all-reduce and gather returned).
@@ -34,8 +34,10 @@ commit (re-sliced onto the new world size) and replays only the steps past T tha
 logged (zero when the failure came before any survivor finished step T + 1).
 
 **Checks and what they cannot do.** Every copy of a slice that survives (the owner's and the
-holders') is compared byte for byte; a disagreement refuses the reconstruction (a corrupted or
-lying copy: the run falls back to the last commit and its replay). Parity alone cannot see a wrong
+holders') must be that slice's (its coordinates, its pieces) and is compared byte for byte; a
+disagreement refuses the reconstruction (a corrupted or lying copy: the run falls back to the last
+commit and its replay). The lost slice's own copies can be compared only when two of them survive
+(k >= 3); with k = 2 its one surviving copy is used as it is. Parity alone cannot see a wrong
 value: a corrupted survivor shard XOR-ed into the parity yields a wrong reconstruction that passes
 every byte check (``tests/test_shard_recovery.py`` shows it). Anything the source cannot cover
 (two lost slices of one parity group, all k holders of a slice, a survivor that wrote no rescue
@@ -194,6 +196,25 @@ def rescue_folder(ckpt_dir: str | Path, attempt: int) -> Path:
     return Path(ckpt_dir) / RESCUE / f"attempt-{int(attempt)}"
 
 
+def _shard_problem(exp: Any, s: int, bounds: Sequence[tuple[int, int]], sizes: Sequence[int], rank: int
+                   ) -> Optional[str]:
+    """Why ``exp``, rank ``rank``'s copy of slice ``s``, is not a shard of that slice (``None``: it is):
+    its range and its pieces must be the slicing's, each piece's state a dict of tensors."""
+    if not 0 <= s < len(bounds):
+        return f"rank {rank} holds a copy of slice {s}, which the world of {len(bounds)} does not have"
+    a, b = bounds[s]
+    want = _pieces([torch.empty(n) for n in sizes], a, b)
+    try:
+        got = [(int(p["param"]), int(p["lo"]), int(p["hi"])) for p in exp["pieces"]]
+        ok = (int(exp["start"]), int(exp["end"])) == (a, b) and got == want and all(
+            isinstance(p["state"], dict) and all(v is None or isinstance(v, torch.Tensor) for v in p["state"].values())
+            for p in exp["pieces"])
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    return None if ok else (f"rank {rank}'s shard of slice {s} is not that slice's (coordinates [{a}, {b}) in "
+                            f"{len(want)} piece(s))")
+
+
 def _template(parts: Mapping[int, Mapping[str, Any]], param_groups: Sequence[int], T: int) -> dict[int, Any]:
     """Per optimizer group, ``{key: (dtype, per_coordinate, shape)}`` from the survivors' own shards at T."""
     out: dict[int, Any] = {}
@@ -237,7 +258,12 @@ def plan_recovery(parts: Mapping[int, Mapping[str, Any]], lost: Sequence[int], w
         held.setdefault(r, []).append((r, own[r]))
         for s, exp in at[r]["copies"].items():
             held.setdefault(int(s), []).append((r, exp))
-    problems = []
+    bounds = [(int(a), int(b)) for a, b in parts[survivors[0]]["bounds"]]
+    sizes = [int(n) for n in parts[survivors[0]]["param_sizes"]]
+    problems = [why for s, copies in sorted(held.items()) for r, exp in copies
+                if (why := _shard_problem(exp, s, bounds, sizes, r)) is not None]
+    if problems:
+        return T, {}, problems
     for s, copies in sorted(held.items()):  # every surviving copy of a slice must agree byte for byte
         digests = {r: _digest(shard_bytes(e)) for r, e in copies}
         if len(set(digests.values())) > 1:
@@ -272,12 +298,10 @@ def plan_recovery(parts: Mapping[int, Mapping[str, Any]], lost: Sequence[int], w
             for o in others:
                 b = shard_bytes(own[o])
                 data[:b.numel()] ^= b
-            bounds = parts[survivors[0]]["bounds"]
             d = int(bounds[-1][1])
-            a, b_ = int(bounds[s][0]), int(bounds[s][1])
+            a, b_ = bounds[s]
             params = parts[survivors[0]]["param_groups"]
             template = _template(parts, params, T)
-            sizes = [int(e) for e in parts[survivors[0]]["param_sizes"]]
             pieces = _pieces([torch.empty(n) for n in sizes], a, b_)
             try:
                 exp = shard_from_bytes(data, pieces, {i: template.get(params[i], {}) for i, _, _ in pieces}, d, a, b_)
@@ -300,13 +324,15 @@ def _payload_problem(p: Any, name: str, run_id: Optional[str]) -> Optional[str]:
         bounds = [(int(a), int(b)) for a, b in p["bounds"]]
         snaps = p["snapshots"]
         ok = (0 <= rank < world == len(bounds) and isinstance(snaps, list) and len(snaps) <= 2
-              and all(isinstance(x, dict) and isinstance(x.get("step"), int) for x in snaps)
+              and all(isinstance(x, dict) and isinstance(x.get("step"), int) and isinstance(x.get("state"), dict)
+                      and x["state"].get("replicated", {}).get("step") == x["step"] for x in snaps)
               and isinstance(p.get("meta"), dict) and isinstance(p.get("param_sizes"), list)
               and isinstance(p.get("param_groups"), list) and int(p["k"]) >= 1 and int(p["g"]) >= 0)
     except (KeyError, TypeError, ValueError) as exc:
         return f"{name}: not a rescue payload ({type(exc).__name__}: {exc})"
     if not ok:
-        return f"{name}: not a rescue payload (rank, world, bounds, snapshots or settings out of shape)"
+        return (f"{name}: not a rescue payload (rank, world, bounds, snapshots or settings out of shape, or a "
+                f"snapshot whose step is not its state's)")
     if name != f"rank-{rank}.pt":
         return f"{name}: says it is rank {rank}"
     if run_id is not None and p["meta"].get("run_id") != run_id:
@@ -315,13 +341,14 @@ def _payload_problem(p: Any, name: str, run_id: Optional[str]) -> Optional[str]:
 
 
 def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_step: Optional[int] = None,
-            run_id: Optional[str] = None) -> dict[str, Any]:
+            run_id: Optional[str] = None, world: Optional[int] = None) -> dict[str, Any]:
     """Turn the survivors' rescue files of ``attempt`` into a committed checkpoint of their common step.
 
     Args:
         ckpt_dir: the run's checkpoint directory. attempt: the attempt that failed.
         lost: its lost ranks. last_step: the newest step any rank logged (steps past T are replayed).
         run_id: the run's id; a rescue file of another run is not used.
+        world: the failed group's size (the launcher's; a file that claims another is not used).
 
     The rescue files are untrusted input: one that does not parse, has the wrong shape, names
     another rank or run, or disagrees with the others on the slicing or the settings, and any
@@ -345,6 +372,8 @@ def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_ste
             unreadable.append(str(exc))
             continue
         why = _payload_problem(p, f.name, run_id)
+        if why is None and world is not None and int(p["world"]) != int(world):
+            why = f"{f.name}: claims a world of {p['world']}, the failed group had {world}"
         if why is None:
             parts[int(p["rank"])] = p
         else:
@@ -358,6 +387,8 @@ def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_ste
         return record
     first = next(iter(parts.values()))
     world, k, g = int(first["world"]), int(first["k"]), int(first["g"])
+    if len(first["snapshots"]) and len(first["param_sizes"]) > 10_000_000:
+        unreadable.append("the rescue files list more than 10^7 parameter tensors")
     settings = {(int(p["world"]), int(p["k"]), int(p["g"]), str(p["bounds"]), str(p["param_sizes"])) for p in parts.values()}
     T: Optional[int] = None
     shards: dict[int, tuple[dict[str, Any], str, int]] = {}
@@ -376,17 +407,18 @@ def recover(ckpt_dir: str | Path, attempt: int, lost: Sequence[int], *, last_ste
             problems.append(f"the rescue files do not fit together ({type(exc).__name__}: {str(exc)[:200]})")
     latest = max((int(p.name.split("-")[1]) for p in store.candidates()), default=None)
     if problems or T is None:
-        record.update(fallback=problems, step=T)
+        record.update(fallback=[p[:300] for p in problems[:8]] + ([f"... and {len(problems) - 8} more"]
+                                                                   if len(problems) > 8 else []), step=T)
         store.append_lineage(record)
         shutil.rmtree(folder, ignore_errors=True)  # the snapshots are of no further use (the evidence is kept)
         return record
     reached = T if last_step is None else max(int(last_step), T)
-    record.update(step=T, steps_recomputed=reached - T, source="copy" if k > 1 else "parity",
-                  sources={str(s): src for s, (_, src, _) in shards.items()},
-                  bytes_read=sum(n for _, _, n in shards.values()))
+    record.update(step=T, steps_recomputed=reached - T)
     if latest is not None and latest >= T:
         record["written"] = f"not needed: {store.name(latest)} is committed already"
     else:
+        record.update(source="copy" if k > 1 else "parity", sources={str(s): src for s, (_, src, _) in shards.items()},
+                      bytes_read=sum(n for _, _, n in shards.values()))
         try:
             _write_commit(store, parts, shards, T, world, lost)
         except Exception as exc:  # a staging folder left behind is removed by the next restore
