@@ -470,7 +470,7 @@ def memory_rows(cfg: DictConfig) -> list[dict[str, Any]]:
     from hydra.utils import instantiate
 
     from robustagg.distributed.sharded import shard_bounds
-    from robustagg.training.shard_recovery import held_slices, parity_groups, parity_holder
+    from robustagg.training.shard_protection import held_slices, parity_groups, parity_holder
     from robustagg.training.state_sharding import OptimizerShard, optimizer_state_bytes, shard_bytes
 
     m = cfg.memory

@@ -23,8 +23,9 @@ from experiments.train import train
 from robustagg.checkpoint import CheckpointStore
 from robustagg.distributed.sharded import shard_bounds
 from robustagg.errors import ConfigError
-from robustagg.training.shard_recovery import (check_protection, copy_holders, held_slices, parity_groups,
-                                               parity_holder, plan_recovery)
+from robustagg.training.shard_protection import (check_protection, copy_holders, held_slices, parity_groups,
+                                                 parity_holder)
+from robustagg.training.shard_recovery import plan_recovery
 from robustagg.training.state_sharding import OptimizerShard, shard_bytes
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -397,7 +397,7 @@ class Job:
         self.aggregator_requirement()  # no trusted aggregator: r_a against f_a, before any process starts
         s = self.settings
         if int(s.shard_redundancy) != 1 or int(s.shard_parity) != 0:  # k and g against the world, before launch
-            from ..training.shard_recovery import check_protection
+            from ..training.shard_protection import check_protection
 
             check_protection(self.n, int(s.shard_redundancy), int(s.shard_parity),
                              key={"k": s.key("shard_redundancy"), "g": s.key("shard_parity")})

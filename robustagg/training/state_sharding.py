@@ -323,7 +323,7 @@ def shard_from_bytes(data: torch.Tensor, pieces: Sequence[tuple[int, int, int]],
         template: for each parameter index of ``pieces``, ``{key: (dtype, per_coordinate, shape)}``
             taken from any piece of the same parameter group (``None`` dtype: a ``None`` value);
             ``{}``: no state yet.
-        d, start, end: the shard's coordinates.
+        d: the model's coordinates in all. start: the shard's first coordinate. end: one past its last.
 
     Raises:
         CheckpointError: ``data`` is shorter than the layout needs.

@@ -58,7 +58,7 @@ from .precision import MAX_BACKOFFS, Precision, Retry, autocast, new_scaler, par
 from .sampler import ShardSampler, mix_seed
 from .schedules import restore_schedule
 from .state import capture_rng, restore_rng
-from .shard_recovery import ShardProtection
+from .shard_protection import ShardProtection
 from .state_sharding import OptimizerShard, full_shard, state_for
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -232,7 +232,7 @@ class Trainer:
             other than ``True``, ``False``, ``"auto"`` (or their strings), or ``state_sharding``
             unknown or outside its needs (above), or ``shard_redundancy``/``shard_parity`` without
             sharded state or beyond the world size
-            (:func:`~robustagg.training.shard_recovery.check_protection`).
+            (:func:`~robustagg.training.shard_protection.check_protection`).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, reduction: Reduction,
