@@ -44,6 +44,7 @@ def test_copy_holders_and_parity_groups_are_as_stated():
     (4, 5, 0, r"shard_redundancy=5: .* use 1 <= k <= 4"),
     (4, 1, 4, r"shard_parity=4: .* at least two groups .* use 2 <= g <= 3"),
     (4, 1, 1, r"shard_parity=1"),
+    (2, 1, 2, r"shard_parity=2: .* with 2 ranks use 0 \(off\): a parity needs 3 or more ranks"),
     (4, 2, 2, r"two sources for the same lost shard"),
 ])
 def test_a_protection_the_world_cannot_carry_is_refused(world, k, g, message):

@@ -12,6 +12,11 @@ The layout and the keeping; what a rebuild does with them is :mod:`~robustagg.tr
 
 Either one makes every rank snapshot its whole state at every step's start (the last two kept),
 the boundary survivors can rebuild a lost shard at.
+
+Sources: the single XOR parity over a group is the code of RAID level 5 (Patterson, Gibson, Katz,
+"A case for redundant arrays of inexpensive disks (RAID)", SIGMOD 1988), which rebuilds one lost
+member of a group from the others and the parity; the sharded state it protects is ZeRO stage 1's
+(Rajbhandari et al., SC 2020).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ def parity_groups(world: int, g: int) -> list[list[int]]:
 
 def parity_holder(group: int, world: int, g: int) -> int:
     """The rank that keeps group ``group``'s parity: the first rank of the next group, cyclically."""
-    return ((group + 1) * g) % world if (group + 1) * g < world else 0
+    return (group + 1) * g if (group + 1) * g < world else 0
 
 
 def check_protection(world: int, k: int, g: int, *, key: Mapping[str, str] | None = None) -> None:
@@ -63,8 +68,9 @@ def check_protection(world: int, k: int, g: int, *, key: Mapping[str, str] | Non
     if k < 1 or k > world:
         raise ConfigError(f"{kk}={k}: each slice's state is held by k of the {world} ranks; use 1 <= k <= {world}.")
     if g < 0 or g == 1 or (g > 0 and math.ceil(world / g) < 2):
+        fix = f"use 2 <= g <= {world - 1}, or 0 (off)" if world >= 3 else "use 0 (off): a parity needs 3 or more ranks"
         raise ConfigError(f"{gg}={g}: a parity group of g >= 2 slices needs at least two groups (its parity lives "
-                          f"on a rank outside it); with {world} ranks use 2 <= g <= {max(2, world - 1)}, or 0 (off).")
+                          f"on a rank outside it); with {world} ranks {fix}.")
     if k > 1 and g > 0:
         raise ConfigError(f"{kk}={k} and {gg}={g} are two sources for the same lost shard; choose one.")
 
