@@ -70,6 +70,20 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.blake2b(t.numpy().tobytes(), digest_size=16).hexdigest()
 
 
+class _Sized:
+    """Stands for a parameter of ``n`` elements where only its size is needed (no allocation)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = int(n)
+
+    def numel(self) -> int:
+        return self.n
+
+
+def _sized(sizes: Sequence[int]) -> list[Any]:
+    return [_Sized(n) for n in sizes]
+
+
 def rescue_folder(ckpt_dir: str | Path, attempt: int) -> Path:
     """``<ckpt_dir>/rescue/attempt-<attempt>``: where the survivors of that attempt write their snapshots."""
     return Path(ckpt_dir) / RESCUE / f"attempt-{int(attempt)}"
@@ -82,7 +96,7 @@ def _shard_problem(exp: Any, s: int, bounds: Sequence[tuple[int, int]], sizes: S
     if not 0 <= s < len(bounds):
         return f"rank {rank} holds a copy of slice {s}, which the world of {len(bounds)} does not have"
     a, b = bounds[s]
-    want = _pieces([torch.empty(n) for n in sizes], a, b)
+    want = _pieces(_sized(sizes), a, b)
     try:
         got = [(int(p["param"]), int(p["lo"]), int(p["hi"])) for p in exp["pieces"]]
         ok = (int(exp["start"]), int(exp["end"])) == (a, b) and got == want and all(
@@ -181,7 +195,7 @@ def plan_recovery(parts: Mapping[int, Mapping[str, Any]], lost: Sequence[int], w
             a, b_ = bounds[s]
             params = parts[survivors[0]]["param_groups"]
             template = _template(parts, params, T)
-            pieces = _pieces([torch.empty(n) for n in sizes], a, b_)
+            pieces = _pieces(_sized(sizes), a, b_)
             try:
                 exp = shard_from_bytes(data, pieces, {i: template.get(params[i], {}) for i, _, _ in pieces}, d, a, b_)
             except CheckpointError as exc:
