@@ -260,6 +260,7 @@ RENDERERS: dict[str, tuple[str, Callable[[Path], str]]] = {
     "tour_fmnist": ("tour_fmnist.json", _tour),
     "byzfl_accuracy": ("byzfl_accuracy.csv", _byzfl),
     "repro_fang2020": ("repro_fang2020_fmnist", _rule_by_attack),
+    "repro_fang2020_full": ("repro_fang2020_fmnist_full", _rule_by_attack),
     "repro_shejwalkar2021": ("repro_shejwalkar2021_fmnist", _rule_by_attack),
     "repro_fltrust2021": ("repro_fltrust2021_fmnist", _rule_by_attack),
     "repro_fltrust2021_asr": ("repro_fltrust2021_fmnist", _backdoor_success),
