@@ -95,7 +95,6 @@ class ShardProtection:
         self.groups = parity_groups(world, self.g) if self.g else []
         self.parity: dict[int, torch.Tensor] = {}
         self.snapshots: list[dict[str, Any]] = []  # the last two, oldest first
-        self.bytes_per_step = 0  # parity all-reduce payload of the last step
 
     def after_local_step(self, aggregate: torch.Tensor) -> None:
         """Step every held copy with the same aggregate; refresh the parity (one all-reduce per step).
@@ -118,7 +117,6 @@ class ShardProtection:
         dist.all_reduce(buf, op=dist.ReduceOp.BXOR, group=self.shard.group)
         self.parity = {i: buf[i].clone() for i in range(len(self.groups))
                        if parity_holder(i, self.world, self.g) == self.shard.rank}
-        self.bytes_per_step = buf.numel()
 
     def load(self, shards: Sequence[Mapping[str, Any]]) -> None:
         """Give every held copy its state from ``shards`` (a restore), and forget the snapshots."""
@@ -126,10 +124,6 @@ class ShardProtection:
             c.load(shards)
         self.parity = {}
         self.snapshots = []
-
-    def held_bytes(self) -> int:
-        """Bytes this rank keeps beyond its own shard: its copies' state and its parity."""
-        return sum(c.state_bytes() for c in self.copies.values()) + sum(p.numel() for p in self.parity.values())
 
     def snapshot(self, state: Mapping[str, Any]) -> None:
         """Keep ``state`` (the trainer's :meth:`~robustagg.training.Trainer.state_dict` at a step's start)
