@@ -12,10 +12,14 @@ files to place where, ``make data`` (Debian's ``dataset-fashion-mnist``), or
 from __future__ import annotations
 
 import argparse
+import gzip
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
-from robustagg.data import DATASETS, load, system_root
+from robustagg.data import CONTENT, DATASETS, IDX_FILES, load, resolve, system_root
+from robustagg.data.folders import find_file
+from robustagg.data.digests import claims_published
 from robustagg.errors import DataFileError, MissingDataError
 
 
@@ -28,9 +32,35 @@ def check(name: str, root: Optional[str] = None) -> str:
     """
     folder = root if root is not None else system_root(name)
     d = load(name, root)
-    verified = " (decompressed content verified against the published SHA-256)" if name in ("mnist", "fashion_mnist") else ""
+    verified = ""
+    if name in CONTENT:
+        unchecked = not_published(name, resolve(name, folder)[0]) if folder is not None else []
+        verified = (" (decompressed content verified against the published SHA-256)" if not unchecked else
+                    f"; NOT verified: {', '.join(unchecked)} (headers declaring dimensions no published {name} file "
+                    "has: nothing to compare with)")
     return (f"{name}: {len(d.train_y)} training and {len(d.test_y)} test examples of {d.input_shape}, "
             f"{d.num_classes} classes, read from {folder}{verified}.")
+
+
+def not_published(name: str, folder: Path) -> list[str]:
+    """The IDX files of data set ``name`` in ``folder`` whose headers declare dimensions other than
+    the published file's of their name (read without a digest check: :mod:`robustagg.data.digests`).
+
+    Raises:
+        ConfigError: unknown ``name``.
+    """
+    out = []
+    for f in IDX_FILES:
+        path = find_file(folder, f, "idx")
+        if path is None:
+            continue
+        with open(path, "rb") as fh:
+            gzipped = fh.read(2) == b"\x1f\x8b"
+        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as fh:
+            head = fh.read(16)
+        if not claims_published(name, f, head):
+            out.append(path.name)
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -181,7 +181,8 @@ def _multirun() -> bool:
 
 
 def _discard_rejected_run_dir() -> None:
-    """Remove Hydra's run directory of a rejected configuration if Hydra's own files are all it holds."""
+    """Remove Hydra's run directory of a refused run if Hydra's own files are all it holds (a run that
+    wrote anything of its own, metrics, checkpoints or evidence, keeps its folder)."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -255,7 +256,7 @@ def main(cfg: DictConfig) -> float:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        from robustagg.errors import AssumptionError, ConfigError, NonFiniteInputError
+        from robustagg.errors import AssumptionError, NonFiniteInputError
         from robustagg.training import write_json
 
         status = ("skipped" if isinstance(exc, AssumptionError) else
@@ -265,8 +266,8 @@ def main(cfg: DictConfig) -> float:
             write_json(out / "skipped.json", {"status": status, "reason": str(exc), "type": type(exc).__name__})
             log.debug("%s: %s", status, exc)  # the sweep's progress line says it (experiments.sweep_progress)
             return math.nan
-        if isinstance(exc, (ConfigError, AssumptionError)) and HydraConfig.get().mode != RunMode.MULTIRUN:
-            _discard_rejected_run_dir()  # a rejected configuration leaves no run folder behind
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            _discard_rejected_run_dir()  # a refused run (configuration, data file, ...) leaves no folder of Hydra's alone
         print(f"error: {exc}", file=sys.stderr)
         from .sweep_progress import record_current_job
 

@@ -1,7 +1,8 @@
 """The published content of the MNIST-like IDX files is checked after decompression
 (robustagg.data.digests), on small files written here: a file that declares the published
-dimensions must have the published size and SHA-256, whatever its compression; a file with other
-dimensions is read without a digest check. The real files are in tests/test_fashion_mnist.py."""
+dimensions must have the published size and SHA-256, whatever its compression; a file declaring
+another published file's dimensions is refused (swapped names); a file with other dimensions is read
+without a digest check, and said to be. The real files are in tests/test_fashion_mnist.py."""
 
 from __future__ import annotations
 
@@ -108,7 +109,107 @@ def test_app_refuses_a_corrupt_file_in_one_line_and_writes_nothing(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     err = [ln for ln in r.stderr.splitlines() if "not the published fashion_mnist file" in ln]
     assert len(err) == 1 and TEST_LABELS.sha256 in err[0] and "Traceback" not in r.stderr
-    # Hydra's own record of the command (.hydra/, train.log) is all there is: no metrics, no checkpoint.
-    written = [p for p in out.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.name != "train.log"]
-    assert written == [], written
+    assert not out.exists(), sorted(str(p) for p in out.rglob("*"))  # not even Hydra's record of the command
+
+
+def test_another_published_files_dimensions_under_this_name_are_refused(tmp_path):
+    """The test labels under the training labels' name (or the reverse): the files are swapped, and
+    read as they are the model would train on the test split."""
+    for data, name, other in ((_fake_published_labels(10000), "train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"),
+                              (_fake_published_labels(60000), "t10k-labels-idx1-ubyte", "train-labels-idx1-ubyte")):
+        with pytest.raises(DataFileError) as e:
+            verify_content("fashion_mnist", name, data, path=tmp_path / f"{name}.gz")
+        msg = str(e.value)
+        assert f"{name}.gz declares the dimensions of the published fashion_mnist file {other}" in msg
+        assert "misnamed or swapped" in msg
+
+
+def test_swapped_files_in_a_folder_are_refused_by_load(tmp_path):
+    folder = tmp_path / "FashionMNIST" / "raw"
+    write_mnist(folder, n_train=40, n_test=10)
+    write_idx(folder / "t10k-labels-idx1-ubyte", np.zeros(60000, dtype=np.uint8), gz=True)
+    write_idx(folder / "t10k-images-idx3-ubyte", np.zeros((60000, 1, 1), dtype=np.uint8), gz=True)
+    with pytest.raises(DataFileError, match="misnamed or swapped"):
+        load("fashion_mnist", tmp_path)
+
+
+def _gz_with_a_flipped_byte(data: bytes, at: float) -> bytes:
+    raw = bytearray(gzip.compress(data))
+    raw[int(len(raw) * at)] ^= 0xFF
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("damage", ["middle", "crc", "empty", "cut_to_20", "header"])
+def test_a_damaged_gzip_of_a_published_name_names_both_digests(tmp_path, damage):
+    """Whatever the damage (a flipped byte in the middle or in the CRC, nothing, 20 bytes, the gzip
+    header), the refusal names the file and gives the digest of what decompressed next to the
+    published one: a label file smaller than one read piece is not lost whole."""
+    data = _fake_published_labels()
+    raw = gzip.compress(data)
+    damaged = {"middle": _gz_with_a_flipped_byte(data, 0.5), "crc": raw[:-8] + bytes(8), "empty": b"\x1f\x8b",
+               "cut_to_20": raw[:20], "header": raw[:3] + b"\xff" + raw[4:]}[damage]
+    p = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    p.write_bytes(damaged)
+    with pytest.raises(DataFileError) as e:
+        read_verified("fashion_mnist", "t10k-labels-idx1-ubyte", p)
+    msg = str(e.value)
+    assert str(p) in msg and TEST_LABELS.sha256 in msg and msg.count("sha256") == 2, msg
+
+
+def test_what_a_damaged_gzip_decompresses_to_is_kept_up_to_the_damage():
+    from robustagg.data.digests import _gunzip_prefix
+
+    data = bytes(range(256)) * 400  # 102,400 bytes
+    raw = gzip.compress(data)
+    assert _gunzip_prefix(raw) == data
+    assert _gunzip_prefix(raw[:-8] + bytes(8)) == data  # a bad CRC: every byte of content came out
+    cut = _gunzip_prefix(raw[: len(raw) // 2])
+    assert 0 < len(cut) < len(data) and data.startswith(cut)
+
+
+def test_the_published_content_in_a_damaged_container_is_named_as_such(tmp_path, monkeypatch):
+    """Published content in a gzip with bytes after its stream: said to be the published file in a
+    damaged container (the table's entry is pointed at a content written here)."""
+    from robustagg.data import digests
+
+    data = _fake_published_labels()
+    entry = digests.Content(size=len(data), sha256=hashlib.sha256(data).hexdigest(), dims=(10000,))
+    monkeypatch.setitem(digests.CONTENT, "fashion_mnist", {**CONTENT["fashion_mnist"], "t10k-labels-idx1-ubyte": entry})
+    p = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    p.write_bytes(gzip.compress(data) + b"junk")
+    with pytest.raises(DataFileError) as e:
+        read_verified("fashion_mnist", "t10k-labels-idx1-ubyte", p)
+    assert "decompresses to the published fashion_mnist file t10k-labels-idx1-ubyte" in str(e.value)
+    assert "gzip container is damaged" in str(e.value)
+
+
+def test_a_file_of_a_published_name_with_other_dimensions_is_read_with_a_warning(tmp_path, caplog):
+    p = tmp_path / "t10k-labels-idx1-ubyte"
+    p.write_bytes(idx_bytes(np.array([1, 2, 3], dtype=np.uint8)))
+    with caplog.at_level("WARNING", logger="robustagg.data.digests"):
+        assert read_verified("fashion_mnist", "t10k-labels-idx1-ubyte", p) == p.read_bytes()
+    assert "read without a digest check" in caplog.text and str(p) in caplog.text
+
+
+def test_the_checker_says_verified_only_when_every_file_was(tmp_path):
+    from experiments.data_files import check
+
+    write_mnist(tmp_path / "FashionMNIST" / "raw", n_train=30, n_test=6)
+    line = check("fashion_mnist", str(tmp_path))
+    assert "NOT verified" in line and "verified against the published" not in line
+    assert all(f in line for f in ("train-images-idx3-ubyte", "t10k-labels-idx1-ubyte"))
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_data_root_that_is_not_a_folder_is_refused_naming_data_root(tmp_path, kind):
+    from robustagg.errors import MissingDataError
+
+    root = tmp_path / "nowhere"
+    if kind == "file":
+        root.write_text("x")
+    with pytest.raises(MissingDataError) as e:
+        load("fashion_mnist", root)
+    msg = str(e.value)
+    assert msg.startswith(f"data.root={root} ") and "\n" not in msg
+    assert ("does not exist" if kind == "missing" else "is a file, not a folder") in msg
 

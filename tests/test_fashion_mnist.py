@@ -69,6 +69,30 @@ def test_truncated_archive_is_refused_with_both_digests(tmp_path):
     assert CONTENT["fashion_mnist"]["train-labels-idx1-ubyte"].sha256 in str(e.value)
 
 
+def test_the_real_files_under_each_others_names_are_refused(tmp_path):
+    """The test split under the training split's names and the reverse (the checker once called
+    this folder verified, and a run trained on the 10,000 test images)."""
+    dest = tmp_path / "swapped"
+    dest.mkdir()
+    for a, b in (("train", "t10k"), ("t10k", "train")):
+        for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+            (dest / f"{a}-{kind}.gz").symlink_to(FOLDER / f"{b}-{kind}.gz")
+    with pytest.raises(DataFileError, match="misnamed or swapped"):
+        load("fashion_mnist", dest)
+
+
+def test_a_flipped_byte_inside_the_real_label_archive_names_both_digests(tmp_path):
+    dest = _copy(tmp_path)
+    p = dest / "t10k-labels-idx1-ubyte.gz"
+    raw = bytearray(p.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    p.write_bytes(bytes(raw))
+    with pytest.raises(DataFileError) as e:
+        load("fashion_mnist", dest)
+    msg = str(e.value)
+    assert str(p) in msg and CONTENT["fashion_mnist"]["t10k-labels-idx1-ubyte"].sha256 in msg and msg.count("sha256") == 2
+
+
 def _cfg(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=["logger=none", "trainer.progress=false", *overrides])

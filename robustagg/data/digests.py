@@ -27,13 +27,18 @@ files are on these machines.
 
 Which files are checked: a file whose IDX header declares the published dimensions (say
 ``60000 x 28 x 28`` for ``train-images``) claims to be the published file and must match its
-digest; a file with other dimensions (a subset, a file a user wrote in the format, the tests' tiny
-files) is read without a digest check, since there is nothing to compare it with.
+digest. A file that declares the dimensions of *another* published file of its data set (the
+test images under the training images' name) is refused: the files are misnamed or swapped, and
+read as they are the model would train on the test split. A file with dimensions no published file
+has (a subset, a file a user wrote in the format, the tests' tiny files) is read without a digest
+check, since there is nothing to compare it with; :func:`read_verified` logs a warning naming it,
+and ``python -m experiments.data_files`` says which files were not verified.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import struct
 import zlib
 from dataclasses import dataclass
@@ -41,7 +46,9 @@ from pathlib import Path
 
 from ..errors import DataFileError
 
-__all__ = ["Content", "CONTENT", "claims_published", "verify_content", "read_verified"]
+__all__ = ["Content", "CONTENT", "claims_published", "published_as", "verify_content", "read_verified"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,37 +117,100 @@ def claims_published(name: str, filename: str, data: bytes) -> bool:
     return c is not None and _header_dims(data) == c.dims
 
 
+def published_as(name: str, data: bytes) -> str | None:
+    """The published file of data set ``name`` whose dimensions the IDX header of ``data`` declares
+    (``"t10k-images-idx3-ubyte"``, ...), or ``None`` when it declares no published file's.
+
+    Example:
+        >>> published_as("fashion_mnist", bytes([0, 0, 8, 1, 0, 0, 234, 96]))
+        'train-labels-idx1-ubyte'
+        >>> published_as("fashion_mnist", bytes([0, 0, 8, 1, 0, 0, 0, 3])) is None
+        True
+    """
+    dims = _header_dims(data)
+    return next((f for f, c in CONTENT.get(name, {}).items() if dims == c.dims), None)
+
+
+def _fix(path: str | Path, name: str) -> str:
+    """How to replace a bad copy of a published file of ``name`` at ``path``."""
+    from .folders import SYSTEM_ROOTS
+
+    p = Path(path).resolve()
+    if any(Path(r).resolve() in p.parents for r in SYSTEM_ROOTS.get(name, ())):
+        return ("reinstall the package that installed it (sudo apt-get install --reinstall dataset-fashion-mnist; "
+                "make data only installs it when absent)")
+    return ("replace it with the published file: data.download=true where a network is, or copy it from "
+            f"the installed package ({', '.join(SYSTEM_ROOTS.get(name, ())) or 'no package on this machine'})")
+
+
+def _identify(got: str) -> str:
+    """``" (it is the published <data set> file <name>)"`` when digest ``got`` is one of :data:`CONTENT`'s."""
+    for ds, files in CONTENT.items():
+        for f, c in files.items():
+            if c.sha256 == got:
+                return f" (it is the published {ds} file {f})"
+    return ""
+
+
 def verify_content(name: str, filename: str, data: bytes, *, path: str | Path) -> None:
     """Refuse decompressed bytes that claim to be a published file (:func:`claims_published`) but
-    are not it.
+    are not it, or that declare another published file's dimensions.
 
     Args:
         name: the data set (``mnist`` or ``fashion_mnist``). filename: the IDX name without ``.gz``.
         data: the decompressed file content. path: how the message names the file on disk.
 
     Raises:
-        DataFileError: size or SHA-256 differ from :data:`CONTENT`; the message names the file and
-            gives both sizes and both digests (the file is corrupt, truncated, or another data set's).
+        DataFileError: size or SHA-256 differ from :data:`CONTENT` (the message names the file and
+            gives both sizes and both digests: the file is corrupt, truncated, or another data
+            set's); or ``data`` declares the dimensions of another published file of ``name`` (the
+            files are misnamed or swapped: the message names both files).
     """
-    if not claims_published(name, filename, data):
+    own = CONTENT.get(name, {}).get(filename)
+    if own is None:
         return
-    c = CONTENT[name][filename]
+    as_file = published_as(name, data)
+    if as_file is not None and as_file != filename:
+        raise DataFileError(
+            f"{path} declares the dimensions of the published {name} file {as_file} "
+            f"({' x '.join(map(str, CONTENT[name][as_file].dims))}), not of {filename} "
+            f"({' x '.join(map(str, own.dims))}): the files are misnamed or swapped. Give each file its "
+            "published name.")
+    if as_file is None:
+        log.warning("%s declares %s, not the published %s of %s %s: read without a digest check", path,
+                    _header_dims(data), own.dims, name, filename)
+        return
     got = hashlib.sha256(data).hexdigest()
-    if len(data) != c.size or got != c.sha256:
+    if len(data) != own.size or got != own.sha256:
         raise DataFileError(
             f"{path} is not the published {name} file {filename}: its decompressed content is {len(data)} bytes "
-            f"with sha256 {got}, the published one {c.size} bytes with sha256 {c.sha256}. The file is corrupt, "
-            "truncated or of another data set: reinstall it (make data) or download it again.")
+            f"with sha256 {got}{_identify(got)}, the published one {own.size} bytes with sha256 {own.sha256}. "
+            f"The file is corrupt, truncated or of another data set: {_fix(path, name)}.")
 
 
 def _gunzip_prefix(raw: bytes) -> bytes:
-    """As much of a (possibly truncated or corrupt) gzip stream as decompresses."""
+    """Every byte a (possibly truncated or corrupt) gzip stream decompresses to before it fails.
+
+    Fed 4 KiB at a time; the piece that fails is fed again byte by byte from the state before it,
+    so the output of every byte before the damage is kept (a label file smaller than one piece
+    is not lost whole).
+    """
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     out = []
-    for i in range(0, len(raw), 1 << 16):
+    step = 1 << 12
+    for i in range(0, len(raw), step):
+        piece, before = raw[i:i + step], d.copy()
         try:
-            out.append(d.decompress(raw[i:i + (1 << 16)]))
+            out.append(d.decompress(piece))
         except zlib.error:
+            d = before
+            for j in range(len(piece)):
+                try:
+                    out.append(d.decompress(piece[j:j + 1]))
+                except zlib.error:
+                    break
+            break
+        if d.eof:
             break
     return b"".join(out)
 
@@ -149,7 +219,8 @@ def read_verified(name: str, filename: str, path: str | Path) -> bytes:
     """The decompressed content of the IDX file at ``path``, checked with :func:`verify_content`.
 
     A gzip stream that stops early or is corrupt is refused with the digest of what could be
-    decompressed next to the published one, so a truncated download names both digests too.
+    decompressed next to the published one, so a truncated or damaged download names both
+    digests too (for a file of a published name; others get the plain message).
 
     Raises:
         MissingDataError: ``path`` does not exist.
@@ -160,13 +231,20 @@ def read_verified(name: str, filename: str, path: str | Path) -> bytes:
     try:
         data = read_bytes(path)
     except DataFileError:
-        prefix = _gunzip_prefix(Path(path).read_bytes())
         c = CONTENT.get(name, {}).get(filename)
-        if c is None or _header_dims(prefix) != c.dims:
+        if c is None:
             raise
+        raw = Path(path).read_bytes()
+        prefix = _gunzip_prefix(raw)
+        got = hashlib.sha256(prefix).hexdigest()
+        if len(prefix) == c.size and got == c.sha256:
+            raise DataFileError(
+                f"{path} decompresses to the published {name} file {filename} (sha256 {got}), but its gzip "
+                f"container is damaged ({len(raw)} bytes on disk: a bad trailer or bytes after the stream): "
+                f"{_fix(path, name)}, or place the uncompressed file next to it.") from None
         raise DataFileError(
-            f"{path} is a truncated or corrupt gzip file: {len(prefix)} bytes decompress (sha256 "
-            f"{hashlib.sha256(prefix).hexdigest()}) of the published {name} file {filename}'s {c.size} bytes "
-            f"(sha256 {c.sha256}). Reinstall it (make data) or download it again.") from None
+            f"{path} is a truncated or corrupt gzip file ({len(raw)} bytes on disk): {len(prefix)} bytes decompress "
+            f"(sha256 {got}) where the published {name} file {filename} is {c.size} bytes (sha256 {c.sha256}). "
+            f"{_fix(path, name)[0].upper()}{_fix(path, name)[1:]}.") from None
     verify_content(name, filename, data, path=path)
     return data

@@ -111,6 +111,8 @@ def load(name: str, root: str | Path | None = None, *, download: bool = False, a
         root = system_root(name)
         if root is None:
             raise MissingDataError(no_root_message(name))
+    else:
+        _check_root(name, Path(root).expanduser(), download=download)
     try:
         folder, version = resolve(name, root)
     except MissingDataError:
@@ -134,6 +136,22 @@ def load(name: str, root: str | Path | None = None, *, download: bool = False, a
     return LoadedData(train_x=_tensor_images(xtr, as_float), train_y=torch.from_numpy(ytr),
                       test_x=_tensor_images(xte, as_float), test_y=torch.from_numpy(yte), num_classes=classes,
                       input_shape=tuple(int(s) for s in xtr.shape[1:]), name=name)
+
+
+def _check_root(name: str, root: Path, *, download: bool) -> None:
+    """Refuse a data root that is a file, or a folder that does not exist when nothing will create it.
+
+    Raises:
+        MissingDataError: the message names ``data.root`` and the fix.
+    """
+    installed = " (or drop data.root: make data installs it where it is found without one)" \
+        if name in SYSTEM_ROOTS else ""
+    if root.exists() and not root.is_dir():
+        raise MissingDataError(f"data.root={root} is a file, not a folder: give the folder that holds the {name} "
+                               f"files{installed}.")
+    if not root.exists() and not download:
+        raise MissingDataError(f"data.root={root} does not exist: give the folder that holds the {name} files, "
+                               f"or data.download=true to fetch them into it where a network is{installed}.")
 
 
 def no_root_message(name: str) -> str:

@@ -1,0 +1,120 @@
+"""The numbers the prose of docs/results.md and README.md quotes are the committed result files'.
+
+The generated tables are checked by tests/test_results_page.py; this module checks the sentences
+around them: each number is computed here from its committed file and looked up, as the page
+writes it, in the page's text (so a stale sentence or an edited file fails)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+PAGE = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _flat(text: str) -> str:
+    """``text`` with its line breaks and runs of spaces made one space (sentences wrap anywhere)."""
+    return " ".join(text.split())
+
+
+def _acc(name: str) -> pd.DataFrame:
+    """Final accuracy (%) per (rule, attack) of a committed reproduction: mean and std over seeds."""
+    t = pd.read_csv(RESULTS / name / "results.csv")
+    return t[t["status"] == "ok"].groupby(["rule", "attack"])["final_acc"].agg(["mean", "std"]) * 100
+
+
+def _in(text: str, *phrases: str) -> None:
+    flat = _flat(text)
+    for phrase in phrases:
+        assert phrase in flat, f"not on the page: {phrase!r}"
+
+
+def test_the_readme_fashion_mnist_paragraph_is_the_committed_tour():
+    rows = {(r["rule"], r["attack"]): r for r in json.loads((RESULTS / "tour_fmnist.json").read_text())}
+
+    def acc(rule: str, attack: str) -> str:
+        return f"{rows[(rule, attack)]['final_test_acc']:.3f}"
+
+    _in(README, f"breaks the mean ({acc('mean', 'none')} to {acc('mean', 'gaussian')}, a class lost)",
+        f"barely moves the trimmed mean ({acc('trimmed_mean', 'none')} to {acc('trimmed_mean', 'gaussian')})",
+        f"({acc('mean', 'none')} to {acc('mean', 'alie')} against {acc('trimmed_mean', 'none')} to "
+        f"{acc('trimmed_mean', 'alie')})",
+        f"(κ̂ {rows[('trimmed_mean', 'alie')]['mean_kappa_hat']:.3f} against the mean's "
+        f"{rows[('mean', 'alie')]['mean_kappa_hat']:.4f})",
+        f"(worst class {rows[('trimmed_mean', 'alie')]['worst_class_acc']:.3f} against "
+        f"{rows[('mean', 'alie')]['worst_class_acc']:.3f})")
+    assert rows[("mean", "gaussian")]["worst_class_acc"] == 0.0  # "a class lost"
+    drop = {r: float(acc(r, "none")) - float(acc(r, "alie")) for r in ("mean", "trimmed_mean")}
+    assert drop["mean"] > drop["trimmed_mean"]  # "costs the mean ... more final accuracy"
+
+
+def test_the_fang_verdict_is_the_committed_sweep():
+    a = _acc("repro_fang2020_fmnist")["mean"]
+    assert (round(a[("krum", "none")]), round(a[("krum", "fang_krum")])) == (81, 29)
+    assert (round(1 - a[("krum", "none")] / 100, 2), round(1 - a[("krum", "fang_krum")] / 100, 2)) == (0.19, 0.71)
+    assert round(a[("trimmed_mean", "none")] - a[("trimmed_mean", "fang_trimmed_mean")]) == 6
+    assert round(a[("coordinate_median", "none")] - a[("coordinate_median", "fang_trimmed_mean")]) == 2
+    krum_attack_cost = max(a[(r, "none")] - a[(r, "fang_krum")] for r in ("trimmed_mean", "coordinate_median"))
+    assert krum_attack_cost <= 2.5  # "at most about 2 points"
+    _in(PAGE, "from about 81 % to about 29 % (error about 0.19 to about 0.71)",
+        "costs the trimmed mean about 6 points and the median about 2", "at most about 2 points")
+
+
+def test_the_fang_full_size_paragraph_is_the_committed_runs():
+    folder = RESULTS / "repro_fang2020_fmnist_full"
+    runs = pd.read_csv(folder / "results.csv").set_index("attack")
+    acc = runs["final_acc"] * 100
+    curves = pd.read_csv(folder / "curves.csv").merge(runs.reset_index()[["run_id", "attack"]], on="run_id")
+    c = curves.pivot_table(index="step", columns="attack", values="acc") * 100
+    gap = (c["none"] - c["fang_trimmed_mean"]).round(1)
+    wall = sorted(runs["wall_seconds"])
+    _in(PAGE, f"took {wall[0]:,.0f} and {wall[1]:,.0f} s of wall time ({wall[0] / 60:.0f} and {wall[1] / 60:.0f} minutes",
+        f"costs the trimmed mean {acc['none'] - acc['fang_trimmed_mean']:.1f} points "
+        f"({acc['none']:.1f} % to {acc['fang_trimmed_mean']:.1f} %)",
+        f"({c.loc[250, 'fang_trimmed_mean']:.1f} % against {c.loc[250, 'none']:.1f} % at step 250, "
+        f"{c.loc[500, 'fang_trimmed_mean']:.1f} % against {c.loc[500, 'none']:.1f} % at step 500)",
+        f"the gap is {gap[1250]:.1f} points at steps 1,250 and 1,500",
+        f"{gap[gap.index >= 1750].min():.1f} to {gap[gap.index >= 1750].max():.1f} points from step 1,750 on")
+    assert gap[1250] == gap[1500] and gap.idxmax() == 250  # "most early"
+
+
+def test_the_shejwalkar_verdict_is_the_committed_sweep():
+    a = _acc("repro_shejwalkar2021_fmnist")
+    m = a["mean"]
+    attacks = ("agr_tailored", "min_max", "min_sum")
+    costs = [m[(r, "none")] - m[(r, k)] for r in ("coordinate_median", "trimmed_mean") for k in attacks]
+    assert (round(min(costs)), round(max(costs))) == (22, 32)
+    strongest = {r: min(attacks, key=lambda k: m[(r, k)]) for r in ("coordinate_median", "trimmed_mean",
+                                                                     "multi_krum", "bulyan")}
+    assert strongest == {"coordinate_median": "agr_tailored", "trimmed_mean": "min_sum", "multi_krum": "min_sum",
+                         "bulyan": "min_max"}
+    assert max(abs(m[("krum", "none")] - m[("krum", k)]) for k in attacks) < 3 and round(m[("krum", "none")]) == 77
+    assert round(a["std"].loc[[(r, k) for r in a.index.levels[0] for k in ("min_max", "min_sum")]].max()) == 14
+    _in(PAGE, "cost the median and the trimmed mean 22 to 32 points", "within 3 points of its no-attack level (about 77 %",
+        "Spreads of up to 14 points under min-max and min-sum")
+
+
+@pytest.mark.parametrize("name", ["repro_fang2020_fmnist", "repro_fltrust2021_fmnist", "repro_shejwalkar2021_fmnist",
+                                  "repro_allouah2023_fmnist"])
+def test_every_reproduction_cell_has_three_seeds(name):
+    """The page's "over at least 3 seeds": every (rule, setting, attack) cell holds seeds 0, 1 and 2."""
+    t = pd.read_csv(RESULTS / name / "results.csv")
+    seeds = t[t["status"] == "ok"].groupby(["rule", "setting", "attack"])["seed"].apply(lambda s: sorted(s))
+    assert len(seeds) and all(s == [0, 1, 2] for s in seeds), seeds[seeds.map(lambda s: s != [0, 1, 2])]
+
+
+def test_the_benchmark_skips_and_divergences_are_what_the_page_says():
+    t = pd.read_csv(RESULTS / "fmnist_benchmark" / "results.csv")
+    bulyan = t[t["rule"] == "bulyan"]
+    assert len(bulyan) and (bulyan["status"] == "skipped").all()
+    assert bulyan["reason"].str.contains("n >= 4f \\+ 3", regex=True).all() and set(bulyan["n"]) == {10}
+    diverged = t[t["status"] == "diverged"]
+    assert set(diverged["rule"]) == {"mean"} and set(diverged["attack"]) == {"agr_tailored", "opt_alie", "opt_ipm"}
+    assert (diverged["final_acc"] == 0.1).all() and diverged["steps"].max() < 12
+    _in(PAGE, "needs n ≥ 4f + 3 = 11 workers and the grid has 10", "non-finite submissions by step 12")
