@@ -264,6 +264,7 @@ RENDERERS: dict[str, tuple[str, Callable[[Path], str]]] = {
     "repro_shejwalkar2021": ("repro_shejwalkar2021_fmnist", _rule_by_attack),
     "repro_fltrust2021": ("repro_fltrust2021_fmnist", _rule_by_attack),
     "repro_fltrust2021_asr": ("repro_fltrust2021_fmnist", _backdoor_success),
+    "repro_fltrust2021_full": ("repro_fltrust2021_fmnist_full", _rule_by_attack),
     "repro_allouah2023": ("repro_allouah2023_fmnist", _rule_setting_by_attack),
     "gossip_consensus": ("gossip_consensus.csv", _decentralised("consensus_experiment_table")),
     **{f"decentralised_{data}_{what}": (f"decentralised_{data}", _decentralised(fn))

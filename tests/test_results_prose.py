@@ -118,3 +118,29 @@ def test_the_benchmark_skips_and_divergences_are_what_the_page_says():
     assert set(diverged["rule"]) == {"mean"} and set(diverged["attack"]) == {"agr_tailored", "opt_alie", "opt_ipm"}
     assert (diverged["final_acc"] == 0.1).all() and diverged["steps"].max() < 12
     _in(PAGE, "needs n ≥ 4f + 3 = 11 workers and the grid has 10", "non-finite submissions by step 12")
+
+
+def _full(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A larger-size reproduction's runs (by attack) and its curves (% by step x attack)."""
+    runs = pd.read_csv(RESULTS / name / "results.csv")
+    curves = pd.read_csv(RESULTS / name / "curves.csv").merge(runs[["run_id", "attack"]], on="run_id")
+    return runs.set_index("attack"), curves.pivot_table(index="step", columns="attack", values="acc") * 100
+
+
+def test_the_fltrust_full_size_paragraph_is_the_committed_runs():
+    runs, c = _full("repro_fltrust2021_fmnist_full")
+    acc = runs["final_acc"] * 100
+    gap = (c["none"] - c["fang_trimmed_mean"]).round(1)
+    scaled = _acc("repro_fltrust2021_fmnist")["mean"]
+    wall = sorted(runs["wall_seconds"])
+    _, fang = _full("repro_fang2020_fmnist_full")
+    _in(PAGE, f"took {wall[0]:,.0f} and {wall[1]:,.0f} s of wall time ({wall[0] / 60:.0f} and {wall[1] / 60:.0f} minutes",
+        f"costs FLTrust {acc['none'] - acc['fang_trimmed_mean']:.1f} points ({acc['none']:.1f} % to "
+        f"{acc['fang_trimmed_mean']:.1f} %), against "
+        f"{scaled[('fltrust', 'none')] - scaled[('fltrust', 'fang_trimmed_mean')]:.1f} at the scaled size",
+        f"between {gap[gap.index >= 250].min():.1f} and {gap[gap.index >= 250].max():.1f} points from step 250 on",
+        f"below the scaled sweep's {scaled[('fltrust', 'none')]:.0f} %",
+        f"({c.loc[1750, 'none']:.1f} % to {c.loc[2000, 'none']:.1f} % over the last 250 steps",
+        f"stood at {fang.loc[2000, 'none']:.1f} %")
+    assert round(scaled[("fltrust", "none")] - acc["none"]) == 11  # "about 11 points below"
+    assert set(runs["rule"]) == {"fltrust"} and set(runs["n"]) == {100} and set(runs["seed"]) == {0}
