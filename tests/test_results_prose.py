@@ -144,3 +144,23 @@ def test_the_fltrust_full_size_paragraph_is_the_committed_runs():
         f"stood at {fang.loc[2000, 'none']:.1f} %")
     assert round(scaled[("fltrust", "none")] - acc["none"]) == 11  # "about 11 points below"
     assert set(runs["rule"]) == {"fltrust"} and set(runs["n"]) == {100} and set(runs["seed"]) == {0}
+
+
+def _worst() -> pd.DataFrame:
+    return pd.read_csv(RESULTS / "fmnist_benchmark" / "worst_case.csv").set_index(["rule", "setting"])
+
+
+def test_the_benchmark_suppression_paragraph_is_the_committed_grid():
+    w = _worst().xs("dirichlet(a=0.1)", level="setting")
+    acc, std = w["no_attack_acc"], w["no_attack_std"]
+    _in(PAGE, f"({acc['coordinate_median']:.0f} % and {acc['krum']:.0f} % against the mean's {acc['mean']:.0f} %, "
+              f"with spreads of {std['coordinate_median']:.0f} and {std['krum']:.0f} points over the three seeds)",
+        f"The trimmed mean ({acc['trimmed_mean']:.0f} %), the bucketed median ({acc['bucketing>coordinate_median']:.0f} %)",
+        f"ClippedClustering ({acc['clipped_clustering']:.0f} %)")
+    some = ["monna", "multi_krum", "smea"]
+    assert {round(acc[r]) for r in some} == {77} and {round(std[r]) for r in some} == {4, 5}  # "77 %, spreads of 4 to 5"
+    named = {"coordinate_median", "krum", "trimmed_mean", "bucketing>coordinate_median", "clipped_clustering", "mean",
+             *some}
+    others = acc.drop(list(named))
+    assert (acc["mean"] - others).max() < 5 and (round(others.min()), round(others.max())) == (78, 83)
+    assert (acc["mean"] - acc[list(named - {"mean"})]).min() >= 5 - 0.05  # the named ones give up 5 points or more
