@@ -527,9 +527,7 @@ def run_dir_problem(args: list[str]) -> str:
 
     if any(a in ("-m", "--multirun") for a in args):
         return ""
-    given = {k: v for k, _, v in (a.partition("=") for a in args if "=" in a)}
-    where = Path(given.get("hydra.run.dir") or given.get("out_dir") or
-                 (os.path.join("outputs", given["run_name"]) if given.get("run_name") else "outputs"))
+    where = requested_run_dir(args)
     probe = where
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -540,6 +538,28 @@ def run_dir_problem(args: list[str]) -> str:
         return (f"cannot write the run directory {where}: {exc.strerror} ({probe} does not take a file). Fix: make "
                 f"it writable or free space, or choose another folder (hydra.run.dir=..., out_dir=... or run_name=...).")
     return ""
+
+
+def requested_run_dir(args: list[str]) -> Path:
+    """The folder the command line ``args`` names for its run, as far as it can be known before
+    Hydra starts: ``hydra.run.dir=``, ``out_dir=``, ``outputs/<run_name>``, or ``outputs`` (the
+    default ``outputs/<date>/<time>`` is made under it)."""
+    import os
+
+    given = {k: v for k, _, v in (a.partition("=") for a in args if "=" in a)}
+    return Path(given.get("hydra.run.dir") or given.get("out_dir") or
+                (os.path.join("outputs", given["run_name"]) if given.get("run_name") else "outputs"))
+
+
+def folders_before_the_run(args: list[str]) -> set[Path]:
+    """The folders that exist, before Hydra starts, at or above the run folder ``args`` names, and
+    directly under it (the date folders of ``outputs/``): resolved paths. A refused run removes
+    only folders it created (``experiments.train``), never one of these."""
+    where = requested_run_dir(args).expanduser().resolve()
+    found = {q for q in (where, *where.parents) if q.is_dir()}
+    if where.is_dir():
+        found |= {c.resolve() for c in where.iterdir() if c.is_dir()}
+    return found
 
 
 def run_dir_for(out_dir: Optional[str], run_name: Optional[str]) -> str:

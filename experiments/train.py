@@ -192,17 +192,26 @@ def _discard_rejected_run_dir() -> None:
     _discard_hydra_dir(out)
 
 
+#: Folders that existed before Hydra started (set by ``__main__``, :func:`experiments.config.folders_before_the_run`):
+#: a refused run never removes one of them, nor the user's files in them.
+_EXISTED: set[Path] = set()
+
+
 def _discard_hydra_dir(out: Path) -> None:
-    """Remove ``out`` if it holds only Hydra's own files, then the folders above it that this left
-    empty (``outputs/<date>/``, ``outputs/``), up to the working directory."""
+    """Remove ``out`` if this command created it and it holds only Hydra's own files, then the
+    folders above it that this left empty and this command created (``outputs/<date>/``,
+    ``outputs/``), up to the working directory."""
     import shutil
 
+    if out.resolve() in _EXISTED:
+        return
     if not (out.is_dir() and all(p.name == ".hydra" or p.suffix == ".log" for p in out.iterdir())):
         return
     shutil.rmtree(out, ignore_errors=True)
     here = Path.cwd().resolve()
     up = out.resolve().parent
-    while up != here and here in up.parents and up.is_dir() and not any(up.iterdir()):
+    while (up != here and here in up.parents and up not in _EXISTED and up.is_dir()
+           and not any(up.iterdir())):
         up.rmdir()
         up = up.parent
 
@@ -277,7 +286,9 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    from .config import check_command_line, run_dir_problem, run_name_problem
+    from .config import check_command_line, folders_before_the_run, run_dir_problem, run_name_problem
+
+    _EXISTED = folders_before_the_run(sys.argv[1:])
 
     try:
         check_command_line(sys.argv[1:])  # faults=[crashh], trainer.stpes=5, threat.n=six: one line each

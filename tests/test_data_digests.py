@@ -112,25 +112,72 @@ def test_app_refuses_a_corrupt_file_in_one_line_and_writes_nothing(tmp_path):
     assert not out.exists(), sorted(str(p) for p in out.rglob("*"))  # not even Hydra's record of the command
 
 
-def test_another_published_files_dimensions_under_this_name_are_refused(tmp_path):
+def _published_as_written(monkeypatch, **contents: bytes) -> None:
+    """Point the table's Fashion-MNIST entries named in ``contents`` at those bytes (their digests),
+    so that small files written here can stand in for the published ones."""
+    from robustagg.data import digests
+
+    table = dict(CONTENT["fashion_mnist"])
+    for key, data in contents.items():
+        name = key.replace("_", "-")
+        table[name] = digests.Content(size=len(data), sha256=hashlib.sha256(data).hexdigest(), dims=table[name].dims)
+    monkeypatch.setitem(digests.CONTENT, "fashion_mnist", table)
+
+
+def test_a_published_file_under_another_published_name_is_refused_as_swapped(tmp_path, monkeypatch):
     """The test labels under the training labels' name (or the reverse): the files are swapped, and
     read as they are the model would train on the test split."""
-    for data, name, other in ((_fake_published_labels(10000), "train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"),
-                              (_fake_published_labels(60000), "t10k-labels-idx1-ubyte", "train-labels-idx1-ubyte")):
+    test_labels, train_labels = _fake_published_labels(10000), _fake_published_labels(60000)
+    _published_as_written(monkeypatch, t10k_labels_idx1_ubyte=test_labels, train_labels_idx1_ubyte=train_labels)
+    for data, name, other in ((test_labels, "train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"),
+                              (train_labels, "t10k-labels-idx1-ubyte", "train-labels-idx1-ubyte")):
         with pytest.raises(DataFileError) as e:
             verify_content("fashion_mnist", name, data, path=tmp_path / f"{name}.gz")
         msg = str(e.value)
-        assert f"{name}.gz declares the dimensions of the published fashion_mnist file {other}" in msg
-        assert "misnamed or swapped" in msg
+        assert f"{name}.gz is the published fashion_mnist file {other}" in msg and "misnamed or swapped" in msg
 
 
-def test_swapped_files_in_a_folder_are_refused_by_load(tmp_path):
+def test_a_subset_with_another_published_files_dimensions_is_read_unchecked(tmp_path, caplog):
+    """10,000 training labels that are not the published test labels: a subset, not a swap."""
+    with caplog.at_level("WARNING", logger="robustagg.data.digests"):
+        verify_content("fashion_mnist", "train-labels-idx1-ubyte", _fake_published_labels(10000), path="x")
+    assert "read without a digest check" in caplog.text
+
+
+def test_swapped_files_in_a_folder_are_refused_by_load(tmp_path, monkeypatch):
     folder = tmp_path / "FashionMNIST" / "raw"
     write_mnist(folder, n_train=40, n_test=10)
-    write_idx(folder / "t10k-labels-idx1-ubyte", np.zeros(60000, dtype=np.uint8), gz=True)
-    write_idx(folder / "t10k-images-idx3-ubyte", np.zeros((60000, 1, 1), dtype=np.uint8), gz=True)
+    train_labels = _fake_published_labels(60000)
+    _published_as_written(monkeypatch, train_labels_idx1_ubyte=train_labels)
+    write_idx(folder / "t10k-labels-idx1-ubyte", np.arange(60000, dtype=np.int64).astype(np.uint8) % 10, gz=True)
     with pytest.raises(DataFileError, match="misnamed or swapped"):
         load("fashion_mnist", tmp_path)
+
+
+@pytest.mark.parametrize("content", [b"", b"<html>not found</html>", b"\x00\x00"])
+def test_a_published_name_without_an_idx_header_names_both_digests(tmp_path, content):
+    """An empty file or a saved web page under a .gz name (no gzip magic: read as it is)."""
+    p = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    p.write_bytes(content)
+    with pytest.raises(DataFileError) as e:
+        read_verified("fashion_mnist", "t10k-labels-idx1-ubyte", p)
+    msg = str(e.value)
+    assert "has no IDX header" in msg and hashlib.sha256(content).hexdigest() in msg and TEST_LABELS.sha256 in msg
+
+
+def test_an_unreadable_file_is_one_error_naming_it(tmp_path, monkeypatch):
+    p = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    p.write_bytes(gzip.compress(_fake_published_labels()))
+    real = Path.read_bytes
+
+    def denied(self: Path) -> bytes:
+        if self == p:
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(DataFileError, match="cannot be read \\(Permission denied\\)"):
+        read_verified("fashion_mnist", "t10k-labels-idx1-ubyte", p)
 
 
 def _gz_with_a_flipped_byte(data: bytes, at: float) -> bytes:
@@ -165,6 +212,10 @@ def test_what_a_damaged_gzip_decompresses_to_is_kept_up_to_the_damage():
     assert _gunzip_prefix(raw[:-8] + bytes(8)) == data  # a bad CRC: every byte of content came out
     cut = _gunzip_prefix(raw[: len(raw) // 2])
     assert 0 < len(cut) < len(data) and data.startswith(cut)
+    two = gzip.compress(data[:5000]) + gzip.compress(data[5000:])  # two members (cat a.gz b.gz, BGZF)
+    assert gzip.decompress(two) == data and _gunzip_prefix(two + b"junk") == data
+    second_bad = gzip.compress(data[:5000]) + gzip.compress(data[5000:])[:-8] + bytes(8)
+    assert _gunzip_prefix(second_bad) == data
 
 
 def test_the_published_content_in_a_damaged_container_is_named_as_such(tmp_path, monkeypatch):
@@ -200,16 +251,39 @@ def test_the_checker_says_verified_only_when_every_file_was(tmp_path):
     assert all(f in line for f in ("train-images-idx3-ubyte", "t10k-labels-idx1-ubyte"))
 
 
-@pytest.mark.parametrize("kind", ["missing", "file"])
-def test_a_data_root_that_is_not_a_folder_is_refused_naming_data_root(tmp_path, kind):
+@pytest.mark.parametrize("kind, download", [("missing", False), ("file", False), ("file", True),
+                                            ("dangling", False), ("dangling", True)])
+def test_a_data_root_that_is_not_a_folder_is_refused_naming_data_root(tmp_path, kind, download):
     from robustagg.errors import MissingDataError
 
     root = tmp_path / "nowhere"
     if kind == "file":
         root.write_text("x")
+    if kind == "dangling":
+        root.symlink_to(tmp_path / "gone")
     with pytest.raises(MissingDataError) as e:
-        load("fashion_mnist", root)
+        load("fashion_mnist", root, download=download)
     msg = str(e.value)
     assert msg.startswith(f"data.root={root} ") and "\n" not in msg
-    assert ("does not exist" if kind == "missing" else "is a file, not a folder") in msg
+    assert {"missing": "does not exist", "file": "is a file, not a folder", "dangling": "symbolic link to nothing"}[kind] in msg
+
+
+def test_a_refused_run_keeps_folders_that_existed_before_it(tmp_path):
+    """A refusal removes only what the command created: a user's folder named by out_dir, with a
+    log file of theirs in it, and the folder above it survive."""
+    mine = tmp_path / "runs" / "exp1"
+    mine.mkdir(parents=True)
+    (mine / "notes.log").write_text("mine")
+    r = subprocess.run([sys.executable, "-m", "experiments.train", "data=fashion_mnist",
+                        f"data.root={tmp_path / 'nowhere'}", "trainer.mode=simulated", "trainer.steps=2", "logger=none",
+                        f"out_dir={mine}"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and "data.root=" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert (mine / "notes.log").read_text() == "mine"
+    fresh = tmp_path / "runs" / "new" / "exp2"  # created by the command: removed, with runs/new
+    r = subprocess.run([sys.executable, "-m", "experiments.train", "data=fashion_mnist",
+                        f"data.root={tmp_path / 'nowhere'}", "trainer.mode=simulated", "trainer.steps=2", "logger=none",
+                        f"out_dir={fresh}"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and not (tmp_path / "runs" / "new").exists() and mine.is_dir()
 

@@ -19,12 +19,17 @@ def read_bytes(path: str | Path) -> bytes:
 
     Raises:
         MissingDataError: the file does not exist.
-        DataFileError: a gzip stream is truncated or corrupt (the message names the file).
+        DataFileError: the file cannot be read (permissions, an I/O error), or a gzip stream is
+            truncated or corrupt (the message names the file).
     """
     p = Path(path)
     if not p.is_file():
         raise MissingDataError(f"data file {p} does not exist.")
-    raw = p.read_bytes()
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise DataFileError(f"data file {p} cannot be read ({e.strerror or e}); fix its permissions or replace it.") \
+            from None
     if raw[:2] != _GZIP_MAGIC:
         return raw
     try:

@@ -28,11 +28,13 @@ files are on these machines.
 Which files are checked: a file whose IDX header declares the published dimensions (say
 ``60000 x 28 x 28`` for ``train-images``) claims to be the published file and must match its
 digest. A file that declares the dimensions of *another* published file of its data set (the
-test images under the training images' name) is refused: the files are misnamed or swapped, and
-read as they are the model would train on the test split. A file with dimensions no published file
-has (a subset, a file a user wrote in the format, the tests' tiny files) is read without a digest
-check, since there is nothing to compare it with; :func:`read_verified` logs a warning naming it,
-and ``python -m experiments.data_files`` says which files were not verified.
+test images under the training images' name) and *is* that file (its digest) is refused: the files
+are misnamed or swapped, and read as they are the model would train on the test split. A file with
+dimensions other than the published ones of its name (a subset, a file a user wrote in the
+format, the tests' tiny files) is read without a digest check, since there is nothing to compare
+it with: :func:`verify_content` logs a warning naming it, and ``python -m experiments.data_files``
+says which files were not verified. A file of a published name with no IDX header at all (an
+empty file, a saved web page) is refused with both digests.
 """
 
 from __future__ import annotations
@@ -139,8 +141,8 @@ def _fix(path: str | Path, name: str) -> str:
     if any(Path(r).resolve() in p.parents for r in SYSTEM_ROOTS.get(name, ())):
         return ("reinstall the package that installed it (sudo apt-get install --reinstall dataset-fashion-mnist; "
                 "make data only installs it when absent)")
-    return ("replace it with the published file: data.download=true where a network is, or copy it from "
-            f"the installed package ({', '.join(SYSTEM_ROOTS.get(name, ())) or 'no package on this machine'})")
+    package = f" or copy it from the installed package ({', '.join(SYSTEM_ROOTS[name])})" if name in SYSTEM_ROOTS else ""
+    return f"delete it and fetch the published file (data.download=true where a network is){package}"
 
 
 def _identify(got: str) -> str:
@@ -153,34 +155,37 @@ def _identify(got: str) -> str:
 
 
 def verify_content(name: str, filename: str, data: bytes, *, path: str | Path) -> None:
-    """Refuse decompressed bytes that claim to be a published file (:func:`claims_published`) but
-    are not it, or that declare another published file's dimensions.
+    """Refuse decompressed bytes under a published file's name that are not that file.
 
     Args:
         name: the data set (``mnist`` or ``fashion_mnist``). filename: the IDX name without ``.gz``.
         data: the decompressed file content. path: how the message names the file on disk.
 
     Raises:
-        DataFileError: size or SHA-256 differ from :data:`CONTENT` (the message names the file and
-            gives both sizes and both digests: the file is corrupt, truncated, or another data
-            set's); or ``data`` declares the dimensions of another published file of ``name`` (the
-            files are misnamed or swapped: the message names both files).
+        DataFileError: ``data`` declares the published dimensions of ``filename`` but its size or
+            SHA-256 differ from :data:`CONTENT` (corrupt, truncated, or another data set's); or it
+            has no IDX header at all (an empty file, a saved web page); or it *is* another
+            published file of ``name`` (same digest: the files are misnamed or swapped). Each
+            message names the file and gives both digests, or both file names.
     """
     own = CONTENT.get(name, {}).get(filename)
     if own is None:
         return
-    as_file = published_as(name, data)
-    if as_file is not None and as_file != filename:
-        raise DataFileError(
-            f"{path} declares the dimensions of the published {name} file {as_file} "
-            f"({' x '.join(map(str, CONTENT[name][as_file].dims))}), not of {filename} "
-            f"({' x '.join(map(str, own.dims))}): the files are misnamed or swapped. Give each file its "
-            "published name.")
-    if as_file is None:
-        log.warning("%s declares %s, not the published %s of %s %s: read without a digest check", path,
-                    _header_dims(data), own.dims, name, filename)
-        return
     got = hashlib.sha256(data).hexdigest()
+    dims = _header_dims(data)
+    if dims is None:
+        raise DataFileError(
+            f"{path} has no IDX header: {len(data)} bytes (sha256 {got}) where the published {name} file {filename} "
+            f"is {own.size} bytes (sha256 {own.sha256}). {_fix(path, name)[0].upper()}{_fix(path, name)[1:]}.")
+    as_file = published_as(name, data)
+    if as_file is not None and as_file != filename and got == CONTENT[name][as_file].sha256:
+        raise DataFileError(
+            f"{path} is the published {name} file {as_file} (sha256 {got}), not {filename}: the files are misnamed "
+            "or swapped. Give each file its published name.")
+    if as_file != filename:
+        log.warning("%s declares %s, not the published %s of %s %s: read without a digest check", path, dims,
+                    own.dims, name, filename)
+        return
     if len(data) != own.size or got != own.sha256:
         raise DataFileError(
             f"{path} is not the published {name} file {filename}: its decompressed content is {len(data)} bytes "
@@ -188,12 +193,15 @@ def verify_content(name: str, filename: str, data: bytes, *, path: str | Path) -
             f"The file is corrupt, truncated or of another data set: {_fix(path, name)}.")
 
 
-def _gunzip_prefix(raw: bytes) -> bytes:
-    """Every byte a (possibly truncated or corrupt) gzip stream decompresses to before it fails.
+_GZIP_MAGIC = b"\x1f\x8b"
 
-    Fed 4 KiB at a time; the piece that fails is fed again byte by byte from the state before it,
-    so the output of every byte before the damage is kept (a label file smaller than one piece
-    is not lost whole).
+
+def _gunzip_member(raw: bytes) -> tuple[bytes, bytes, bool]:
+    """One gzip member at the start of ``raw``: what it decompresses to before any damage, the
+    bytes after it, and whether it ended cleanly.
+
+    Fed 4 KiB at a time; a piece that fails is fed again byte by byte from the state before it
+    (:meth:`zlib.Decompress.copy`), so the output of every byte before the damage is kept.
     """
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     out = []
@@ -209,8 +217,21 @@ def _gunzip_prefix(raw: bytes) -> bytes:
                     out.append(d.decompress(piece[j:j + 1]))
                 except zlib.error:
                     break
-            break
+            return b"".join(out), b"", False
         if d.eof:
+            return b"".join(out), d.unused_data + raw[i + step:], True
+    return b"".join(out), b"", False
+
+
+def _gunzip_prefix(raw: bytes) -> bytes:
+    """Every byte a (possibly truncated or corrupt) gzip file decompresses to before it fails,
+    over all its members (``cat a.gz b.gz``, BGZF) as :func:`gzip.decompress` reads them."""
+    out = []
+    rest = raw
+    while rest[:2] == _GZIP_MAGIC:
+        part, rest, clean = _gunzip_member(rest)
+        out.append(part)
+        if not clean:
             break
     return b"".join(out)
 
@@ -232,9 +253,12 @@ def read_verified(name: str, filename: str, path: str | Path) -> bytes:
         data = read_bytes(path)
     except DataFileError:
         c = CONTENT.get(name, {}).get(filename)
-        if c is None:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError:  # unreadable: read_bytes's own message says so
+            raw = b""
+        if c is None or raw[:2] != _GZIP_MAGIC:
             raise
-        raw = Path(path).read_bytes()
         prefix = _gunzip_prefix(raw)
         got = hashlib.sha256(prefix).hexdigest()
         if len(prefix) == c.size and got == c.sha256:

@@ -139,13 +139,17 @@ def load(name: str, root: str | Path | None = None, *, download: bool = False, a
 
 
 def _check_root(name: str, root: Path, *, download: bool) -> None:
-    """Refuse a data root that is a file, or a folder that does not exist when nothing will create it.
+    """Refuse a data root that is a file or a dangling link, or a folder that does not exist when
+    nothing will create it.
 
     Raises:
         MissingDataError: the message names ``data.root`` and the fix.
     """
     installed = " (or drop data.root: make data installs it where it is found without one)" \
         if name in SYSTEM_ROOTS else ""
+    if root.is_symlink() and not root.exists():
+        raise MissingDataError(f"data.root={root} is a symbolic link to nothing (or a loop): give the folder that "
+                               f"holds the {name} files{installed}.")
     if root.exists() and not root.is_dir():
         raise MissingDataError(f"data.root={root} is a file, not a folder: give the folder that holds the {name} "
                                f"files{installed}.")
