@@ -164,3 +164,45 @@ def test_the_benchmark_suppression_paragraph_is_the_committed_grid():
     others = acc.drop(list(named))
     assert (acc["mean"] - others).max() < 5 and (round(others.min()), round(others.max())) == (78, 83)
     assert (acc["mean"] - acc[list(named - {"mean"})]).min() >= 5 - 0.05  # the named ones give up 5 points or more
+
+
+ATTACK_WORDS = {"opt_ipm": "the optimised IPM", "opt_alie": "the optimised ALIE", "agr_tailored": "AGR-tailored",
+                "min_max": "min-max", "label_flip": "label flipping", "alie": "ALIE", "mpaf": "MPAF",
+                "sign_flip": "sign flipping"}
+SEED_WORDS = {1: "one seed", 2: "two seeds", 3: "three seeds"}
+
+
+def test_the_benchmark_integrity_paragraph_is_the_committed_grid():
+    w = _worst()
+    search = {"agr_tailored", "min_max", "opt_alie", "opt_ipm"}
+    cc = w.xs("centered_clipping", level="rule")
+    mean = w.xs("mean", level="rule")
+    assert set(cc["worst_attack"]) == {"opt_ipm"} and (cc["worst_acc"] < 10).all()  # below chance, 1/10
+    assert set(mean["worst_attack"]) == {"agr_tailored"} and set(mean["worst_acc"]) == {10.0}
+    a = w.xs("dirichlet(a=0.1)", level="setting")
+
+    def said(rule: str) -> str:
+        r = a.loc[rule]
+        return f"{r['worst_acc']:.0f} % ({ATTACK_WORDS[r['worst_attack']]}, {SEED_WORDS[int(r['seeds'])]})"
+
+    others = a.drop(["fltrust", "signguard", "flame", "foolsgold", "mean"])["worst_acc"]
+    _in(PAGE, f"are the worst case of {int(w['worst_attack'].isin(search).sum())} of the {len(w)} rule × setting cells",
+        f"*below* chance ({cc['worst_acc'].min():.1f} to {cc['worst_acc'].max():.1f} %) in all three settings",
+        f"At α = 0.1 FLTrust's worst case is {said('fltrust')}", f"SignGuard's {said('signguard')}",
+        f"FLAME's {said('flame')}", f"FoolsGold's {said('foolsgold')}",
+        f"every other rule's {others.max():.1f} % or less ({others.idxmax()})")
+    assert (a.loc[["fltrust", "signguard", "flame", "foolsgold"], "worst_acc"] > others.max()).all()
+
+
+def test_the_status_row_counts_are_the_committed_grid():
+    t = pd.read_csv(RESULTS / "fmnist_benchmark" / "results.csv")
+    per_seed = t.groupby("seed").size()
+    search = ["agr_tailored", "opt_alie", "opt_ipm"]
+    rules = t["rule"].nunique()
+    assert rules == 20 and t["attack"].nunique() == 15
+    assert per_seed[0] == per_seed[1] == 20 * 15 * 3  # every rule, every attack, every setting
+    s2 = t[t["seed"] == 2]
+    assert len(s2) == 20 * 12 * 3 and not s2["attack"].isin(search).any()
+    _in(PAGE, f"{len(t):,} of its 2,700 runs", f"seeds 0 and 1 for every rule and every attack ({per_seed[0] + per_seed[1]:,} runs)",
+        f"seed 2 for every rule with no attack and against the 11 attacks that do not search against the rule "
+        f"({len(s2):,} runs)")
