@@ -555,10 +555,14 @@ def folders_before_the_run(args: list[str]) -> set[Path]:
     """The folders that exist, before Hydra starts, at or above the run folder ``args`` names, and
     directly under it (the date folders of ``outputs/``): resolved paths. A refused run removes
     only folders it created (``experiments.train``), never one of these."""
-    where = requested_run_dir(args).expanduser().resolve()
-    found = {q for q in (where, *where.parents) if q.is_dir()}
-    if where.is_dir():
-        found |= {c.resolve() for c in where.iterdir() if c.is_dir()}
+    found: set[Path] = set()
+    try:  # a folder that cannot be listed: what was found so far (run_dir_problem reports it)
+        where = requested_run_dir(args).expanduser().resolve()
+        found |= {q for q in (where, *where.parents) if q.is_dir()}
+        if where.is_dir():
+            found |= {c.resolve() for c in where.iterdir() if c.is_dir()}
+    except (OSError, ValueError):
+        pass
     return found
 
 

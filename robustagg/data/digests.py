@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataFileError
+from ._files import _GZIP_MAGIC
 
 __all__ = ["Content", "CONTENT", "claims_published", "published_as", "verify_content", "read_verified"]
 
@@ -191,9 +192,6 @@ def verify_content(name: str, filename: str, data: bytes, *, path: str | Path) -
             f"{path} is not the published {name} file {filename}: its decompressed content is {len(data)} bytes "
             f"with sha256 {got}{_identify(got)}, the published one {own.size} bytes with sha256 {own.sha256}. "
             f"The file is corrupt, truncated or of another data set: {_fix(path, name)}.")
-
-
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _gunzip_member(raw: bytes) -> tuple[bytes, bytes, bool]:
